@@ -1,0 +1,133 @@
+"""``autosp.compile``: the user-facing entry point.
+
+Example::
+
+    >>> model = autosp.compile(model)                 # under torchrun, or alone (sp_size=1)
+    >>> loss = model(input_ids=ids, labels=labels)["loss"]
+    >>> loss.backward()                               # .grad lands on the user's Parameters
+
+Compilation happens at the first call: export and import (frontend), the pass pipeline
+(``autosp-sp-pipeline`` when ``sp_size > 1``), and emission to a GraphModule (backend).
+Calls whose inputs have another structure, dtype or non-sequence shape compile again;
+another sequence length does not (the sequence dimension is symbolic).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from autosp.backend.fx_emitter import emit_graph_module
+from autosp.backend.module import CompiledProgram
+from autosp.frontend.importer import import_model
+from autosp.ir.diagnostics import AutospError
+from autosp.pipeline import PipelineOptions, run_pipeline
+
+ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
+
+
+def _resolve_sp_size(sp_size: int | None, group) -> int:
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if sp_size is None:
+        return world
+    if sp_size < 1:
+        raise AutospError(f"sp_size must be >= 1, got {sp_size}")
+    if sp_size > 1 and world % sp_size:
+        raise AutospError(f"sp_size={sp_size} does not divide the number of ranks ({world})")
+    return sp_size
+
+
+class AutospModule(torch.nn.Module):
+    """Wraps the user's model; compiles it per input signature at the first call.
+
+    ``self.module`` is the user's model, so ``parameters()``/``state_dict()`` are the
+    user's own tensors (prefixed ``module.``).
+    """
+
+    def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
+                 gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
+                 verbose: bool = False):
+        super().__init__()
+        self.module = model
+        self.sp_size = _resolve_sp_size(sp_size, group)
+        self.group = group
+        self.seq_dim = seq_dim
+        self.gather_outputs = gather_outputs
+        self.pipeline = pipeline
+        self.dump_dir = dump_dir
+        self.verbose = verbose
+        self._programs: dict[object, CompiledProgram] = {}
+        if self.sp_size > 1:
+            raise AutospError(f"sp_size={self.sp_size}: the sequence-parallel pipeline is not available in "
+                              "this version; use sp_size=1")
+
+    # ------------------------------------------------------------------ compilation
+    def _signature(self, leaves, spec):
+        parts = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                shape = tuple(None if (d == self.seq_dim and leaf.dim() > self.seq_dim) else s
+                              for d, s in enumerate(leaf.shape))
+                parts.append(("T", leaf.dtype, leaf.device, shape))
+            else:
+                parts.append(("C", repr(leaf)))
+        return spec, tuple(parts)
+
+    def compile_for(self, *args, **kwargs) -> CompiledProgram:
+        """Compile (or fetch from the cache) the program for this call's signature."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        key = self._signature(leaves, spec)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._compile(args, kwargs)
+            self._programs[key] = program
+        return program
+
+    def _compile(self, args, kwargs) -> CompiledProgram:
+        start = time.perf_counter()
+        imported = import_model(self.module, *args, seq_dim=self.seq_dim, **kwargs)
+        mlir = {"imported": str(imported.module)}
+        t0 = time.perf_counter()
+        pipeline = self.pipeline or ROUND_TRIP_PIPELINE
+        run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=self.dump_dir))
+        t_pipeline = time.perf_counter() - t0
+        mlir["transformed"] = str(imported.module)
+        t0 = time.perf_counter()
+        gm = emit_graph_module(imported.module)
+        t_emit = time.perf_counter() - t0
+        timings = dict(imported.timings, pipeline_s=t_pipeline, emit_s=t_emit,
+                       total_s=time.perf_counter() - start)
+        if self.verbose:
+            print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
+                  f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
+                  file=sys.stderr)
+        return CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+
+    # ------------------------------------------------------------------ calling
+    def forward(self, *args, **kwargs):
+        program = self.compile_for(*args, **kwargs)
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        return program(self.module, leaves)
+
+    @property
+    def programs(self) -> list[CompiledProgram]:
+        """The programs compiled so far (one per input signature)."""
+        return list(self._programs.values())
+
+
+def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
+            gather_outputs: bool = False, **options) -> AutospModule:
+    """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/ and DESIGN §2).
+
+    ``sp_size`` defaults to the size of ``group`` (or the world; 1 without
+    torch.distributed). ``seq_dim`` is the inputs' sequence dimension. Options:
+    ``pipeline`` (a custom pass pipeline), ``dump_dir`` (IR after every pass),
+    ``verbose`` (print compile timings). ``sp_size=1`` is an exact round trip.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"autosp.compile expects an nn.Module, got {type(model).__name__}")
+    return AutospModule(model, sp_size=sp_size, group=group, seq_dim=seq_dim, gather_outputs=gather_outputs,
+                        **options)

@@ -1,0 +1,236 @@
+"""Backend: a torch-dialect (+ autosp) ``func.func`` -> ``torch.fx.GraphModule``.
+
+Every ``torch.aten.X.ovl`` op becomes a call of ``torch.ops.aten.X.ovl`` (``default``
+when there is no overload), so the emitted graph runs on PyTorch's own kernels and
+autograd differentiates it. Constants and lists become Python values; integers that
+encode dtypes, layouts or memory formats are converted using the overload's schema;
+``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`.
+
+Example::
+
+    >>> gm = emit_graph_module(module)        # placeholders: @main's arguments, in order
+    >>> outputs = gm(*state, *inputs)          # a tuple, one entry per returned value
+"""
+from __future__ import annotations
+
+import operator
+import time
+
+import numpy as np
+import torch
+import torch.fx
+from torch_mlir import ir
+from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
+
+from autosp.ir.core import as_operation, body_ops, main_func, op_name
+from autosp.ir.diagnostics import DiagnosticError
+from autosp.runtime import collectives
+
+_INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
+_INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
+_INT_TO_MEMORY_FORMAT = {v: k for k, v in TORCH_MEMORY_FORMAT_TO_INT.items()}
+
+# Scalar (!torch.int / !torch.float / !torch.bool) arithmetic: plain Python operators,
+# which FX, autograd and Inductor all handle as symbolic sizes.
+_SCALAR_OPS = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+    "remainder": operator.mod, "div": operator.truediv, "neg": operator.neg,
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+    "ge": operator.ge, "__and__": operator.and_, "__or__": operator.or_,
+}
+_SCALAR_OVERLOADS = {"int", "float", "bool", "float_int", "int_float"}
+
+# torch-dialect names whose PyTorch op differs.
+_RENAMED = {
+    "torch.aten.view": torch.ops.aten.reshape.default,  # views of non-contiguous results fail in eager
+    "torch.aten.size.int": torch.ops.aten.sym_size.int,
+}
+
+_MLIR_TO_TORCH_DTYPE = {
+    "f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
+    "si64": torch.int64, "si32": torch.int32, "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8,
+    "i1": torch.bool,
+}
+
+_COLLECTIVES = {
+    "autosp.all_to_all": (collectives.all_to_all, ("split_dim", "concat_dim", "group")),
+    "autosp.all_gather": (collectives.all_gather, ("dim", "group")),
+    "autosp.all_reduce": (collectives.all_reduce, ("reduce_op", "group")),
+    "autosp.reduce_scatter": (collectives.reduce_scatter, ("dim", "reduce_op", "group")),
+    "autosp.shard": (collectives.shard, ("dim", "group")),
+}
+
+
+def resolve_torch_op(name: str):
+    """``torch.aten.add.Tensor`` -> ``torch.ops.aten.add.Tensor`` (None if PyTorch has no such op)."""
+    if name in _RENAMED:
+        return _RENAMED[name]
+    parts = name.split(".")
+    if len(parts) < 3 or parts[0] != "torch":
+        return None
+    ns, op, overload = parts[1], parts[2], ".".join(parts[3:]) or "default"
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _attr_value(attr: ir.Attribute):
+    """Python value of a builtin attribute (int, float, bool, str)."""
+    if isinstance(attr, (ir.BoolAttr, ir.IntegerAttr, ir.FloatAttr, ir.StringAttr)):
+        return attr.value
+    raise TypeError(f"unsupported attribute {attr}")
+
+
+def _vtensor_dtype(type_: ir.Type, op) -> torch.dtype:
+    text = str(type_)  # !torch.vtensor<[2,?],f32>
+    dtype = text.rsplit(",", 1)[-1].rstrip(">")
+    if dtype not in _MLIR_TO_TORCH_DTYPE:
+        raise DiagnosticError.at(op, f"result element type '{dtype}' is not supported by the emitter")
+    return _MLIR_TO_TORCH_DTYPE[dtype]
+
+
+def _literal_tensor(op) -> torch.Tensor:
+    attr = op.attributes["value"]
+    result_type = op.results[0].type
+    dtype = _vtensor_dtype(result_type, op)
+    if not isinstance(attr, ir.DenseElementsAttr):
+        raise DiagnosticError.at(op, "tensor literal is not dense elements (dense_resource blobs "
+                                     "cannot be read back; import with weights as arguments)")
+    dense = attr
+    shape = ir.ShapedType(dense.type).shape
+    if dense.is_splat:
+        value = _attr_value(dense.get_splat_value())
+        return torch.full(shape, value, dtype=dtype)
+    array = np.array(dense)
+    return torch.from_numpy(array.copy()).to(dtype).reshape(shape)
+
+
+class _Emitter:
+    def __init__(self, func):
+        self.func = func
+        self.graph = torch.fx.Graph()
+        self.root = torch.nn.Module()
+        self.values: dict[ir.Value, object] = {}
+        self.n_consts = 0
+
+    def get(self, value: ir.Value, user):
+        try:
+            return self.values[value]
+        except KeyError:
+            raise DiagnosticError.at(user, "uses a value the emitter has not produced") from None
+
+    def emit(self) -> torch.fx.GraphModule:
+        block = self.func.regions[0].blocks[0]
+        for i, arg in enumerate(block.arguments):
+            self.values[arg] = self.graph.placeholder(f"arg{i}")
+        for op in body_ops(self.func):
+            self.emit_op(op)
+        gm = torch.fx.GraphModule(self.root, self.graph)
+        gm.graph.lint()
+        return gm
+
+    def emit_op(self, op) -> None:
+        name = op_name(op)
+        if name.startswith("torch.constant."):
+            kind = name.split(".")[2]
+            if kind == "none":
+                value = None
+            elif kind == "device":
+                value = torch.device(_attr_value(op.attributes["value"]))
+            else:
+                value = _attr_value(op.attributes["value"])
+            self.values[op.results[0]] = value
+        elif name == "torch.vtensor.literal":
+            tensor = _literal_tensor(op)
+            attr = f"_const{self.n_consts}"
+            self.n_consts += 1
+            self.root.register_buffer(attr, tensor)
+            self.values[op.results[0]] = self.graph.get_attr(attr)
+        elif name in ("torch.prim.ListConstruct", "torch.prim.TupleConstruct"):
+            items = [self.get(v, op) for v in op.operands]
+            self.values[op.results[0]] = items if name.endswith("ListConstruct") else tuple(items)
+        elif name == "torch.prim.ListUnpack":
+            seq = self.get(op.operands[0], op)
+            for i, r in enumerate(op.results):
+                self.values[r] = seq[i] if isinstance(seq, (list, tuple)) else self.graph.call_function(
+                    operator.getitem, (seq, i))
+        elif name in ("torch.symbolic_int", "torch.bind_symbolic_shape"):
+            for r in op.results:  # sizes are recomputed from the data; these are annotations
+                self.values[r] = None
+        elif name == "func.return":
+            outs = tuple(self.get(v, op) for v in op.operands)
+            self.graph.output(outs)
+        elif name in _COLLECTIVES:
+            fn, attr_names = _COLLECTIVES[name]
+            args = (self.get(op.operands[0], op),) + tuple(_attr_value(op.attributes[a]) for a in attr_names)
+            self.values[op.results[0]] = self.graph.call_function(fn, args)
+        elif name.startswith("torch."):
+            self.emit_torch_op(op, name)
+        else:
+            raise DiagnosticError.at(op, "has no PyTorch equivalent in the FX emitter")
+
+    def emit_torch_op(self, op, name: str) -> None:
+        if name == "torch.operator":
+            name = _attr_value(op.attributes["name"])
+            name = name if name.startswith("torch.") else "torch." + name
+        parts = name.split(".")
+        operands = [self.get(v, op) for v in op.operands]
+        if parts[1] == "aten" and len(parts) == 4 and parts[3] in _SCALAR_OVERLOADS and parts[2] in _SCALAR_OPS:
+            node = self.graph.call_function(_SCALAR_OPS[parts[2]], tuple(operands))
+            self._bind_results(op, node)
+            return
+        target = resolve_torch_op(name)
+        if target is None:
+            raise DiagnosticError.at(op, f"has no PyTorch operator torch.ops.{'.'.join(parts[1:])} "
+                                         f"(torch {torch.__version__})")
+        args, kwargs = _place_arguments(op, target, operands)
+        node = self.graph.call_function(target, tuple(args), kwargs)
+        self._bind_results(op, node)
+
+    def _bind_results(self, op, node) -> None:
+        results = list(op.results)
+        if len(results) == 1:
+            self.values[results[0]] = node
+        else:
+            for i, r in enumerate(results):
+                self.values[r] = self.graph.call_function(operator.getitem, (node, i))
+
+
+def _convert(arg_type: str, value):
+    if value is None or isinstance(value, torch.fx.Node):
+        return value
+    if "ScalarType" in arg_type and isinstance(value, int):
+        return _INT_TO_DTYPE[value]
+    if "Layout" in arg_type and isinstance(value, int):
+        return _INT_TO_LAYOUT[value]
+    if "MemoryFormat" in arg_type and isinstance(value, int):
+        return _INT_TO_MEMORY_FORMAT[value]
+    return value
+
+
+def _place_arguments(op, target, operands):
+    schema = target._schema
+    if len(operands) > len(schema.arguments):
+        raise DiagnosticError.at(op, f"has {len(operands)} operands but {schema.name} takes "
+                                     f"{len(schema.arguments)}")
+    args, kwargs = [], {}
+    for arg, value in zip(schema.arguments, operands):
+        value = _convert(str(arg.type), value)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
+def emit_graph_module(module, func_name: str = "main") -> torch.fx.GraphModule:
+    """Emit ``@func_name`` of ``module`` as a GraphModule (placeholders = arguments in order).
+
+    Raises :class:`DiagnosticError` located at the first op the emitter cannot translate.
+    """
+    start = time.perf_counter()
+    func = main_func(as_operation(module), func_name)
+    gm = _Emitter(func).emit()
+    gm.meta["autosp_emit_s"] = time.perf_counter() - start
+    return gm

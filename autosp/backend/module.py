@@ -1,0 +1,40 @@
+"""The PyTorch-callable side of a compiled model.
+
+:class:`CompiledProgram` is one emitted GraphModule plus how to call it: which of the
+user's parameters/buffers feed which placeholder and how to rebuild the output
+structure. It looks the state up by name on every call, so the user's own
+``Parameter`` objects are what the graph reads and what autograd writes ``.grad`` to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils import _pytree as pytree
+
+from autosp.frontend.importer import ArgInfo
+
+
+@dataclass
+class CompiledProgram:
+    graph_module: torch.fx.GraphModule
+    args: list[ArgInfo]
+    out_spec: object
+    tensor_leaves: list[int]
+    mlir: dict[str, str] = field(default_factory=dict)  # IR text per stage ("imported", "transformed")
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """The model's current parameters and buffers, in argument order."""
+        table = dict(model.named_parameters())
+        table.update(model.named_buffers())
+        try:
+            return [table[a.name] for a in self.args if a.kind != "input"]
+        except KeyError as e:
+            raise RuntimeError(f"autosp: the model no longer has parameter/buffer {e}; "
+                               "recompile after changing its structure") from None
+
+    def __call__(self, model: torch.nn.Module, leaves: list) -> object:
+        inputs = [leaves[i] for i in self.tensor_leaves]
+        outputs = self.graph_module(*self.state_tensors(model), *inputs)
+        return pytree.tree_unflatten(list(outputs), self.out_spec)

@@ -1,0 +1,234 @@
+"""Frontend: an ``nn.Module`` plus one example call -> a torch-dialect MLIR module.
+
+The recipe (../shared/TOOLCHAIN.md): the model's parameters and buffers are passed as
+*user inputs* of a small wrapper that calls ``torch.func.functional_call``, so that
+torch.export keeps them as function arguments *and* torch-mlir can import the
+symbolic shape expressions (``torch.symbolic_int`` / ``torch.bind_symbolic_shape``).
+SDPA and softmax are kept as single ops (their decompositions are dropped from the
+table). The sequence dimension is exported as a dynamic ``Dim``, so one import serves
+every sequence length.
+
+Example::
+
+    >>> imported = import_model(model, input_ids, labels=labels)
+    >>> print(imported.module)            # func.func @main(%arg0: ... {autosp.state = "embed.weight"}, ...)
+    >>> imported.state_names[:2]
+    ['embed.weight', 'blocks.0.attn_norm.weight']
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.export import Dim
+from torch.utils import _pytree as pytree
+from torch_mlir import ir
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+from torch_mlir.extras.fx_importer import FxImporter
+
+from autosp.ir.core import as_operation, main_func, make_context
+from autosp.ir.diagnostics import AutospError
+
+# Ops kept whole: attention is what autosp partitions, softmax is what it matches in
+# manual attention.
+_KEEP_WHOLE = ("scaled_dot_product", "softmax")
+
+
+def decomposition_table() -> dict:
+    """torch-mlir's default decompositions, minus SDPA and softmax."""
+    return {k: v for k, v in get_decomposition_table().items()
+            if not any(key in str(k) for key in _KEEP_WHOLE)}
+
+
+@dataclass
+class ArgInfo:
+    """What one function argument of ``@main`` is."""
+
+    kind: str  # "parameter" | "buffer" | "input"
+    name: str  # fully qualified state name, or the input's path ("args[0]", "kwargs['labels']")
+    seq_dim: int | None = None  # for inputs: which dimension is the (symbolic) sequence
+
+
+@dataclass
+class ImportedModel:
+    """A model imported into MLIR plus everything needed to call it again from PyTorch."""
+
+    module: ir.Operation  # builtin.module holding func.func @main
+    args: list[ArgInfo]
+    in_spec: Any  # pytree spec of (args, kwargs) of the example call
+    leaves: list[Any]  # the example call's leaves; tensor leaves are replaced per call
+    tensor_leaves: list[int]  # indices into leaves of the tensor inputs (argument order)
+    out_spec: Any  # pytree spec of the model's output
+    seq_len: int | None  # the example's sequence length (None: nothing dynamic)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def context(self) -> ir.Context:
+        return self.module.context
+
+    @property
+    def state_names(self) -> list[str]:
+        return [a.name for a in self.args if a.kind != "input"]
+
+    def __str__(self) -> str:
+        return str(self.module)
+
+
+def _path_str(path) -> str:
+    return pytree.keystr(path).replace("[0]", "args", 1).replace("[1]", "kwargs", 1) if path else "?"
+
+
+def _input_paths(in_spec, leaves) -> list[str]:
+    flat = pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, in_spec))[0]
+    out = []
+    for path, _ in flat:
+        text = pytree.keystr(path)  # "[0][0]" / "[1]['labels']"
+        if text.startswith("[0]"):
+            text = "args" + text[3:]
+        elif text.startswith("[1]"):
+            text = "kwargs" + text[3:]
+        out.append(text)
+    return out
+
+
+class _StateAsInputs(torch.nn.Module):
+    """``forward(state, inputs)`` calls the model with ``state`` as its parameters/buffers."""
+
+    def __init__(self, model, names, leaves, tensor_leaves, in_spec):
+        super().__init__()
+        self.model = model
+        self.names = names
+        self.leaves = leaves
+        self.tensor_leaves = tensor_leaves
+        self.in_spec = in_spec
+
+    def forward(self, state, inputs):
+        leaves = list(self.leaves)
+        for i, t in zip(self.tensor_leaves, inputs):
+            leaves[i] = t
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        return torch.func.functional_call(self.model, dict(zip(self.names, state)), args, kwargs,
+                                          tie_weights=True, strict=False)
+
+
+def model_state(model: torch.nn.Module) -> tuple[list[str], list[str], list[torch.Tensor]]:
+    """(names, kinds, tensors) of the model's parameters (tied ones once) then buffers."""
+    names, kinds, tensors = [], [], []
+    for n, p in model.named_parameters():
+        names.append(n), kinds.append("parameter"), tensors.append(p)
+    for n, b in model.named_buffers():
+        names.append(n), kinds.append("buffer"), tensors.append(b)
+    return names, kinds, tensors
+
+
+def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context: ir.Context | None = None,
+                 **kwargs) -> ImportedModel:
+    """Export ``model(*args, **kwargs)`` and import it as torch-dialect MLIR.
+
+    ``seq_dim``: the dimension of the inputs that is the sequence. The first tensor
+    input that has it fixes the length S; every tensor input whose ``seq_dim`` has
+    size S gets a dynamic dimension, so the import serves any sequence length.
+    ``seq_dim=None`` imports with static shapes.
+
+    Raises :class:`AutospError` with the reason when the model cannot be exported.
+    """
+    timings = {}
+    start = time.perf_counter()
+    names, kinds, state = model_state(model)
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    tensor_leaves = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    inputs = [leaves[i] for i in tensor_leaves]
+    paths = _input_paths(in_spec, leaves)
+
+    seq_len = None
+    if seq_dim is not None:
+        for t in inputs:
+            if t.dim() > seq_dim:
+                seq_len = t.shape[seq_dim]
+                break
+    input_seq_dims = [seq_dim if (seq_len is not None and t.dim() > seq_dim and t.shape[seq_dim] == seq_len)
+                      else None for t in inputs]
+    dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
+
+    wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:  # torch.export raises many types; keep its message, drop the noise
+        raise AutospError(f"torch.export could not trace the model: {type(e).__name__}: "
+                          f"{_first_lines(str(e))}") from e
+    _check_no_input_mutation(program, names, kinds)
+    timings["export_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    program = program.run_decompositions(decomposition_table())
+    ctx = context or make_context()
+    importer = FxImporter(context=ctx)
+    importer.import_program(program, func_name="main", import_symbolic_shape_expressions=True)
+    module = as_operation(importer.module)
+    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
+    run_pipeline_with_repro_report(
+        importer.module,
+        "builtin.module(func.func(torch-match-quantized-custom-ops), "
+        "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})",
+        "Lowering TorchFX IR -> Torch Backend IR")
+    timings["import_s"] = time.perf_counter() - start
+
+    arg_infos = [ArgInfo(k, n) for n, k in zip(names, kinds)]
+    arg_infos += [ArgInfo("input", p, d) for p, d in zip(paths, input_seq_dims)]
+    _annotate_arguments(module, arg_infos)
+    return ImportedModel(module=module, args=arg_infos, in_spec=in_spec, leaves=leaves,
+                         tensor_leaves=tensor_leaves, out_spec=program.call_spec.out_spec,
+                         seq_len=seq_len, timings=timings)
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[:n])
+
+
+def _check_no_input_mutation(program, names, kinds) -> None:
+    from torch.export.graph_signature import OutputKind
+    mutated = [spec.target for spec in program.graph_signature.output_specs
+               if spec.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)]
+    if mutated:
+        raise AutospError(
+            f"the model writes to {len(mutated)} of its buffers or inputs during forward "
+            f"(e.g. running statistics); autosp supports models whose forward is a pure function")
+
+
+def _annotate_arguments(module: ir.Operation, infos: list[ArgInfo]) -> None:
+    """Record on ``@main``'s arguments which parameter, buffer or input each one is."""
+    func = main_func(module)
+    n_args = len(func.regions[0].blocks[0].arguments)
+    if n_args != len(infos):
+        raise AutospError(f"imported @main has {n_args} arguments, expected {len(infos)} "
+                          "(parameters, buffers and tensor inputs)")
+    with module.context:
+        dicts = []
+        for info in infos:
+            entries = {f"autosp.{info.kind}": ir.StringAttr.get(info.name)}
+            if info.seq_dim is not None:
+                entries["autosp.seq_dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), info.seq_dim)
+            dicts.append(ir.DictAttr.get(entries))
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get(dicts)
+
+
+def read_arguments(module) -> list[ArgInfo]:
+    """The :class:`ArgInfo` records stored on ``@main`` (e.g. of a module read from a file)."""
+    func = main_func(module)
+    n_args = len(func.regions[0].blocks[0].arguments)
+    if "arg_attrs" not in func.attributes:
+        return [ArgInfo("input", f"arg{i}") for i in range(n_args)]
+    out = []
+    for i, attr in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])):
+        d = ir.DictAttr(attr)
+        info = ArgInfo("input", f"arg{i}")
+        for kind in ("parameter", "buffer", "input"):
+            if f"autosp.{kind}" in d:
+                info = ArgInfo(kind, ir.StringAttr(d[f"autosp.{kind}"]).value)
+        if "autosp.seq_dim" in d:
+            info.seq_dim = ir.IntegerAttr(d["autosp.seq_dim"]).value
+        out.append(info)
+    return out

@@ -1,0 +1,120 @@
+"""Contexts, parsing and small IR queries shared by the frontend, passes and backend.
+
+Example::
+
+    >>> ctx = make_context()
+    >>> module = parse_module(open("model.mlir").read(), "model.mlir", ctx)
+    >>> [op_name(op) for op in main_func(module).entry_block.operations][:2]
+    ['torch.constant.int', 'torch.aten.size.int']
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from torch_mlir import ir
+from torch_mlir.dialects import irdl
+from torch_mlir.dialects import torch as torch_d
+
+from autosp.dialect import IRDL_FILE
+from autosp.ir.diagnostics import DiagnosticError
+
+_IRDL_TEXT: str | None = None
+
+
+def make_context(allow_unregistered_dialects: bool = False) -> ir.Context:
+    """A context with the torch dialect and the IRDL-defined autosp dialect loaded."""
+    global _IRDL_TEXT
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    ctx.allow_unregistered_dialects = allow_unregistered_dialects
+    load_autosp_dialect(ctx)
+    return ctx
+
+
+def load_autosp_dialect(ctx: ir.Context) -> None:
+    """Load the autosp dialect (idempotent per context)."""
+    global _IRDL_TEXT
+    if ctx.is_dialect_loaded("autosp"):
+        return
+    if _IRDL_TEXT is None:
+        _IRDL_TEXT = IRDL_FILE.read_text()
+    with ctx, ir.Location.unknown():
+        ctx.dialects["torch"]  # load torch before IRDL resolves "!torch.vtensor"
+        irdl.load_dialects(ir.Module.parse(_IRDL_TEXT))
+
+
+def parse_module(text: str, source_name: str = "<stdin>", ctx: ir.Context | None = None) -> ir.Operation:
+    """Parse and verify MLIR text; return the ``builtin.module`` operation.
+
+    Errors come back as a :class:`DiagnosticError` located in ``source_name``.
+    A text holding several top-level ops is wrapped in a module, as mlir-opt does.
+    """
+    ctx = ctx or make_context()
+    with ctx:
+        try:
+            op = ir.Operation.parse(text, source_name=source_name)
+        except ir.MLIRError as e:
+            if "expected a single top-level" not in str(e) and "single" not in str(e):
+                raise DiagnosticError.from_mlir(e) from None
+            op = None
+        if op is None or op.name != "builtin.module":
+            try:
+                op = ir.Module.parse(text).operation if op is None else _wrap(op)
+            except ir.MLIRError as e:
+                raise DiagnosticError.from_mlir(e) from None
+        return op
+
+
+def _wrap(op: ir.Operation) -> ir.Operation:
+    with op.context, ir.Location.unknown():
+        module = ir.Module.create()
+        module.body.append(op)
+        return module.operation
+
+
+def as_operation(module) -> ir.Operation:
+    """Accept an ``ir.Module``, a ``ModuleOp`` view or an ``ir.Operation``."""
+    if isinstance(module, ir.Module):
+        return module.operation
+    return module.operation if hasattr(module, "operation") else module
+
+
+def verify(module) -> None:
+    """Run MLIR's verifier (including the autosp dialect's); raise DiagnosticError."""
+    op = as_operation(module)
+    try:
+        op.verify()
+    except ir.MLIRError as e:
+        raise DiagnosticError.from_mlir(e) from None
+
+
+def op_name(op) -> str:
+    """The registered name of an op (``torch.aten.mm``), also for func.func/torch.operator."""
+    return op.operation.name
+
+
+def funcs(module) -> list:
+    """The ``func.func`` ops at the top level of a module."""
+    body = as_operation(module).regions[0].blocks[0]
+    return [op for op in body.operations if op_name(op) == "func.func"]
+
+
+def main_func(module, name: str = "main"):
+    """The function called ``name``, or the only function of the module."""
+    fs = funcs(module)
+    for f in fs:
+        if ir.StringAttr(f.attributes["sym_name"]).value == name:
+            return f
+    if len(fs) == 1:
+        return fs[0]
+    raise DiagnosticError.at(as_operation(module), f"has no function @{name} (found {len(fs)} functions)")
+
+
+def body_ops(func) -> Iterator[ir.Operation]:
+    """The operations of a function's single block, in order."""
+    return iter(func.regions[0].blocks[0].operations)
+
+
+def users(value: ir.Value) -> list:
+    """The ops that use ``value``."""
+    return [u.owner for u in value.uses]

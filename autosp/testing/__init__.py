@@ -1,0 +1,1 @@
+"""Reference models and helpers shared by the tests, the demo and the benchmarks."""

@@ -1,0 +1,270 @@
+"""Small reference transformer models, written the way users write them.
+
+They exercise what autosp must handle: SDPA and manual attention, RoPE computed
+in-graph, learned positions, tied embeddings, GQA, a causal mask held in a
+registered buffer, non-persistent buffers and a loss computed inside forward.
+
+Example::
+
+    >>> from autosp.testing.models import LlamaLike, LlamaConfig
+    >>> model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4))
+    >>> ids = torch.randint(0, 64, (2, 16))
+    >>> out = model(input_ids=ids, labels=ids)
+    >>> out["loss"].shape
+    torch.Size([])
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class LlamaConfig:
+    vocab: int = 128
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int | None = None
+    ffn: int | None = None
+    max_positions: int = 2048
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def init_weights(model: nn.Module, std: float = 0.02) -> None:
+    """GPT-style initialisation (normal(0, std) weights, zero biases), so losses start near log(vocab)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE with the inverse frequencies in a non-persistent buffer (as HF does)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq  # [B, S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.kv_heads = cfg.kv_heads or cfg.heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        ffn = cfg.ffn or 4 * cfg.hidden
+        self.gate = nn.Linear(cfg.hidden, ffn, bias=False)
+        self.up = nn.Linear(cfg.hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, cfg.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.attn = LlamaAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaLike(nn.Module):
+    """Llama-style decoder: RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, loss inside.
+
+    ``forward(input_ids, labels=None, position_ids=None)`` returns a dict with
+    ``logits`` and, when labels are given, ``loss`` (labels shifted inside, as
+    Hugging Face does, with ``ignore_index=-100``).
+    """
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        init_weights(self)
+
+    def forward(self, input_ids, labels=None, position_ids=None):
+        b, s = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        cos, sin = self.rope(position_ids)
+        x = self.embed(input_ids)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        out = {"logits": logits}
+        if labels is not None:
+            shift_logits = logits[:, :-1, :].reshape(-1, self.cfg.vocab)
+            shift_labels = labels[:, 1:].reshape(-1)
+            out["loss"] = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        return out
+
+
+@dataclass
+class GPT2Config:
+    vocab: int = 128
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    max_positions: int = 256
+
+
+class GPT2Attention(nn.Module):
+    """Manual attention (matmul, scale, mask from a buffer, softmax, matmul), as GPT-2 eager."""
+
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.heads = cfg.heads
+        self.head_dim = cfg.hidden // cfg.heads
+        self.c_attn = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.c_proj = nn.Linear(cfg.hidden, cfg.hidden)
+        n = cfg.max_positions
+        self.register_buffer("bias", torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n), persistent=False)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        att = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        mask = self.bias[:, :, :s, :s]
+        att = att.masked_fill(~mask, torch.finfo(att.dtype).min)
+        att = F.softmax(att, dim=-1)
+        o = torch.matmul(att, v)
+        return self.c_proj(o.transpose(1, 2).reshape(b, s, c))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden)
+        self.attn = GPT2Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.hidden)
+        self.fc = nn.Linear(cfg.hidden, 4 * cfg.hidden)
+        self.proj = nn.Linear(4 * cfg.hidden, cfg.hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2Like(nn.Module):
+    """GPT-2-style decoder: learned positions, manual causal attention from a buffer, tied head.
+
+    ``forward(input_ids, labels=None)`` returns ``(loss, logits)`` when labels are
+    given, else ``(logits,)``.
+    """
+
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.hidden)
+        self.blocks = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        init_weights(self)
+
+    def forward(self, input_ids, labels=None):
+        s = input_ids.shape[1]
+        pos = torch.arange(s, device=input_ids.device)
+        x = self.wte(input_ids) + self.wpe(pos)[None]
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.lm_head(self.ln_f(x))
+        if labels is None:
+            return (logits,)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, self.cfg.vocab), labels[:, 1:].reshape(-1))
+        return loss, logits
+
+
+class AttentionBlock(nn.Module):
+    """One pre-norm SDPA attention block on hidden states ``[B, S, D]`` (or ``[S, B, D]``
+    with ``seq_first=True``)."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4, causal: bool = True, seq_first: bool = False):
+        super().__init__()
+        self.heads, self.causal, self.seq_first = heads, causal, seq_first
+        self.norm = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        if self.seq_first:
+            x = x.transpose(0, 1)
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = x + self.out(o.transpose(1, 2).reshape(b, s, d))
+        return y.transpose(0, 1) if self.seq_first else y

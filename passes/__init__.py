@@ -1,0 +1,21 @@
+"""The registry of autosp passes: ``PASSES[name] -> pass class``.
+
+One file per pass in this folder (imported as ``autosp.passes``); each pass has a lit
+test ``lit_tests/<name without "autosp-", dashes as underscores>.mlir``.
+"""
+from __future__ import annotations
+
+from autosp.ir.pass_base import ModulePass
+from autosp.passes.dce import DeadCodeElimination
+
+PASSES: dict[str, type[ModulePass]] = {
+    p.name: p
+    for p in (
+        DeadCodeElimination,
+    )
+}
+
+
+def lit_file_name(pass_name: str) -> str:
+    """``autosp-sp-pipeline`` -> ``sp_pipeline.mlir``: the lit test every pass has."""
+    return pass_name.removeprefix("autosp-").replace("-", "_") + ".mlir"
