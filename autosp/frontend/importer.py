@@ -25,9 +25,11 @@ import torch
 from torch.export import Dim
 from torch.utils import _pytree as pytree
 from torch_mlir import ir
+from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
+from autosp.frontend import symbolic
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 
@@ -74,10 +76,6 @@ class ImportedModel:
 
     def __str__(self) -> str:
         return str(self.module)
-
-
-def _path_str(path) -> str:
-    return pytree.keystr(path).replace("[0]", "args", 1).replace("[1]", "kwargs", 1) if path else "?"
 
 
 def _input_paths(in_spec, leaves) -> list[str]:
@@ -164,11 +162,11 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 
     start = time.perf_counter()
     program = program.run_decompositions(decomposition_table())
+    symbolic.install()
     ctx = context or make_context()
-    importer = FxImporter(context=ctx)
+    importer = FxImporter(context=ctx, hooks=symbolic.DenseLiterals())
     importer.import_program(program, func_name="main", import_symbolic_shape_expressions=True)
     module = as_operation(importer.module)
-    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
     run_pipeline_with_repro_report(
         importer.module,
         "builtin.module(func.func(torch-match-quantized-custom-ops), "

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up a fresh machine: a virtual environment in .venv with a CPU (or, where a GPU
+# exists, the default) torch, torch-mlir and autosp installed editable with test tools.
+# Idempotent: a second run only checks that everything is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "autosp needs Python >= 3.10"'
+  "$PY" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
+
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith(("2.13", "2.14")) else 1)' 2>/dev/null; then
+  # Prefer a wheel already on this machine; never let pip resolve a CUDA torch on a CPU machine.
+  if ! "${PIP[@]}" install --no-index torch==2.13.0 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      "${PIP[@]}" install torch==2.13.0
+    else
+      "${PIP[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    fi
+  fi
+fi
+# torch is already satisfied, so this installs torch-mlir, numpy and the test tools only.
+"${PIP[@]}" install -e '.[test]'
+.venv/bin/python -c 'import torch, torch_mlir, autosp; print(f"autosp {autosp.__version__}: torch {torch.__version__}, torch-mlir ready")'
