@@ -38,6 +38,10 @@ from autosp.ir.diagnostics import AutospError
 _KEEP_WHOLE = ("scaled_dot_product", "softmax")
 
 
+# torch-mlir's backend pipeline decomposes these unless told they are legal.
+BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", "aten.scaled_dot_product_attention")
+
+
 def decomposition_table() -> dict:
     """torch-mlir's default decompositions, minus SDPA and softmax."""
     return {k: v for k, v in get_decomposition_table().items()
@@ -96,7 +100,8 @@ class _StateAsInputs(torch.nn.Module):
 
     def __init__(self, model, names, leaves, tensor_leaves, in_spec):
         super().__init__()
-        self.model = model
+        # Not a submodule: export must not lift the model's own parameters a second time.
+        self.model_ref = [model]
         self.names = names
         self.leaves = leaves
         self.tensor_leaves = tensor_leaves
@@ -107,7 +112,7 @@ class _StateAsInputs(torch.nn.Module):
         for i, t in zip(self.tensor_leaves, inputs):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
-        return torch.func.functional_call(self.model, dict(zip(self.names, state)), args, kwargs,
+        return torch.func.functional_call(self.model_ref[0], dict(zip(self.names, state)), args, kwargs,
                                           tie_weights=True, strict=False)
 
 
@@ -157,7 +162,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
         raise AutospError(f"torch.export could not trace the model: {type(e).__name__}: "
                           f"{_first_lines(str(e))}") from e
-    _check_no_input_mutation(program, names, kinds)
+    _check_no_input_mutation(program, names)
     timings["export_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -170,7 +175,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     run_pipeline_with_repro_report(
         importer.module,
         "builtin.module(func.func(torch-match-quantized-custom-ops), "
-        "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})",
+        f"torchdynamo-export-to-torch-backend-pipeline{{backend-legal-ops={','.join(BACKEND_LEGAL_OPS)} "
+        "extra-library=})",
         "Lowering TorchFX IR -> Torch Backend IR")
     timings["import_s"] = time.perf_counter() - start
 
@@ -186,14 +192,21 @@ def _first_lines(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[:n])
 
 
-def _check_no_input_mutation(program, names, kinds) -> None:
-    from torch.export.graph_signature import OutputKind
-    mutated = [spec.target for spec in program.graph_signature.output_specs
-               if spec.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)]
-    if mutated:
-        raise AutospError(
-            f"the model writes to {len(mutated)} of its buffers or inputs during forward "
-            f"(e.g. running statistics); autosp supports models whose forward is a pure function")
+def _check_no_input_mutation(program, names) -> None:
+    """Refuse models that write to their buffers/inputs in forward (e.g. BatchNorm statistics)."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    what = {node: (names[i] if i < len(names) else f"input {i - len(names)}")
+            for i, node in enumerate(placeholders)}
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for arg_schema, arg in zip(schema.arguments, node.args):
+            if arg_schema.alias_info is not None and arg_schema.alias_info.is_write and arg in what:
+                raise AutospError(
+                    f"the model writes to '{what[arg]}' during forward ({node.target}); autosp supports "
+                    "models whose forward is a pure function of its parameters, buffers and inputs "
+                    "(put BatchNorm-like layers in eval mode)")
 
 
 def _annotate_arguments(module: ir.Operation, infos: list[ArgInfo]) -> None:

@@ -1,0 +1,90 @@
+"""What the importer produces: arguments, symbolic shapes, kept ops, and clear errors."""
+import re
+
+import pytest
+import torch
+
+import autosp
+from autosp.ir.diagnostics import AutospError
+from autosp.testing.models import GPT2Config, GPT2Like, LlamaConfig, LlamaLike
+
+
+@pytest.fixture(scope="module")
+def llama_import():
+    model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2))
+    ids = torch.randint(0, 64, (2, 16))
+    return model, autosp.import_model(model, ids, labels=ids)
+
+
+def test_parameters_and_buffers_are_arguments_tied_weight_once(llama_import):
+    model, imported = llama_import
+    params = [a.name for a in imported.args if a.kind == "parameter"]
+    buffers = [a.name for a in imported.args if a.kind == "buffer"]
+    assert params == [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in params and "embed.weight" in params  # tied: once
+    assert buffers == ["rope.inv_freq"]  # non-persistent buffer
+    inputs = [(a.name, a.seq_dim) for a in imported.args if a.kind == "input"]
+    assert inputs == [("args[0]", 1), ("kwargs['labels']", 1)]
+    text = str(imported.module)
+    assert '{autosp.parameter = "embed.weight"}' in text
+    assert '{autosp.buffer = "rope.inv_freq"}' in text
+    assert '{autosp.input = "args[0]", autosp.seq_dim = 1 : i64}' in text
+    assert "dense_resource" not in text, "weights must be arguments, not literals"
+
+
+def test_sequence_is_symbolic_and_sdpa_kept(llama_import):
+    _, imported = llama_import
+    text = str(imported.module)
+    assert len(re.findall(r"torch\.symbolic_int", text)) == 1
+    assert text.count("torch.bind_symbolic_shape") > 50
+    assert "!torch.vtensor<[2,?],si64>" in text
+    assert text.count("torch.aten.scaled_dot_product_attention") == 2  # one per layer
+    assert "torch.aten.bmm" not in text
+
+
+def test_manual_attention_keeps_softmax():
+    model = GPT2Like(GPT2Config(vocab=64, hidden=32, layers=1, heads=4))
+    ids = torch.randint(0, 64, (2, 12))
+    text = str(autosp.import_model(model, ids).module)
+    assert "torch.aten._softmax" in text or "torch.aten.softmax.int" in text
+    assert "torch.aten.amax" not in text  # softmax not decomposed
+    assert '{autosp.buffer = "blocks.0.attn.bias"}' in text  # the causal-mask buffer is an argument
+
+
+def test_floor_division_of_the_sequence_length_imports():
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            s = x.shape[1]
+            return x[:, : s // 2] * 2 + x[:, s - s // 2:]
+
+    x = torch.randn(2, 10, 4)
+    imported = autosp.import_model(Halves(), x)
+    assert "floordiv 2" in str(imported.module)
+
+
+def test_static_import_when_seq_dim_is_none():
+    imported = autosp.import_model(torch.nn.Linear(4, 4), torch.randn(3, 4), seq_dim=None)
+    assert "torch.symbolic_int" not in str(imported.module)
+    assert imported.seq_len is None
+
+
+def test_buffer_mutation_is_refused_clearly():
+    bn = torch.nn.BatchNorm1d(4).train()
+    with pytest.raises(AutospError, match="writes to 'running_mean'|writes to 'num_batches_tracked'"):
+        autosp.import_model(bn, torch.randn(8, 4), seq_dim=None)
+
+
+def test_untraceable_model_gives_a_clear_error():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x
+            return -x
+
+    with pytest.raises(AutospError, match="torch.export could not trace the model"):
+        autosp.import_model(DataDependent(), torch.randn(2, 8, 4))
+
+
+def test_import_timings_recorded(llama_import):
+    _, imported = llama_import
+    assert set(imported.timings) == {"export_s", "import_s"}

@@ -1,0 +1,54 @@
+"""The pass registry: names, docs, options and a lit test for every pass."""
+from pathlib import Path
+
+import pytest
+
+from autosp.ir.pass_base import ModulePass
+from autosp.passes import PASSES, lit_file_name
+
+LIT = Path(__file__).resolve().parents[1] / "lit_tests"
+
+
+@pytest.mark.parametrize("key", sorted(PASSES))
+def test_key_is_the_pass_name(key):
+    assert PASSES[key].name == key
+    assert key.startswith("autosp-")
+    assert issubclass(PASSES[key], ModulePass)
+
+
+@pytest.mark.parametrize("key", sorted(PASSES))
+def test_every_pass_is_documented_with_an_ir_example(key):
+    cls = PASSES[key]
+    assert cls.summary(), f"{key} has no one-line summary"
+    doc = cls.__doc__ or ""
+    assert "Input::" in doc and "Output::" in doc, f"{key}'s docstring needs an input/output example"
+
+
+@pytest.mark.parametrize("key", sorted(PASSES))
+def test_every_pass_has_a_lit_file_that_runs_it(key):
+    path = LIT / lit_file_name(key)
+    assert path.exists(), f"missing lit test {path}"
+    text = path.read_text()
+    assert "// RUN: autosp-opt" in text and key in text and "CHECK-LABEL" in text
+
+
+def test_options_are_typed_and_kebab_case():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @dataclass(frozen=True)
+    class Demo(ModulePass):
+        """Demo."""
+        name: ClassVar[str] = "autosp-demo"
+        sp_size: int = 1
+        fast: bool = False
+
+    p = Demo.from_options({"sp-size": "4", "fast": "true"})
+    assert p == Demo(sp_size=4, fast=True)
+    assert p.pipeline_text() == "autosp-demo{sp-size=4 fast=true}"
+    assert Demo.options() == {"sp-size": (int, 1), "fast": (bool, False)}
+    from autosp.ir.pass_base import PassOptionError
+    with pytest.raises(PassOptionError, match="expects int, got 'four'"):
+        Demo.from_options({"sp-size": "four"})
+    with pytest.raises(PassOptionError, match="has no option 'size'.*sp-size, fast"):
+        Demo.from_options({"size": "4"})
