@@ -268,3 +268,24 @@ class AttentionBlock(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         y = x + self.out(o.transpose(1, 2).reshape(b, s, d))
         return y.transpose(0, 1) if self.seq_first else y
+
+
+def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
+    """``(model, args, kwargs, seq_dim)`` for a named reference model, with random inputs.
+
+    Names: ``attention`` (SDPA block), ``attention-seq-first``, ``llama`` (GQA, tied,
+    loss inside), ``gpt2`` (manual attention, learned positions, loss inside).
+    """
+    if name == "attention":
+        return AttentionBlock(32, 4), (torch.randn(batch, seq, 32),), {}, 1
+    if name == "attention-seq-first":
+        return AttentionBlock(32, 4, seq_first=True), (torch.randn(seq, batch, 32),), {}, 0
+    if name == "llama":
+        model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2))
+        ids = torch.randint(0, 64, (batch, seq))
+        return model, (ids,), {"labels": ids}, 1
+    if name == "gpt2":
+        model = GPT2Like(GPT2Config(vocab=64, hidden=32, layers=layers, heads=4))
+        ids = torch.randint(0, 64, (batch, seq))
+        return model, (ids,), {"labels": ids}, 1
+    raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2)")
