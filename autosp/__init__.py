@@ -6,14 +6,29 @@ Public API::
     autosp.import_model(model, *args, **kw)    # -> ImportedModel (torch-dialect MLIR + argument records)
     autosp.run_pipeline(module, "builtin.module(autosp-dce)")
     autosp.emit_graph_module(module)           # -> torch.fx.GraphModule
+
+Names are imported lazily, so tools that only touch the IR (``autosp-opt``) do not pay
+for importing torch's export machinery.
 """
-from autosp.api import AutospModule, compile
-from autosp.backend.fx_emitter import emit_graph_module
-from autosp.frontend.importer import ImportedModel, import_model
-from autosp.ir.diagnostics import AutospError, DiagnosticError
-from autosp.pipeline import PipelineError, run_pipeline
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["AutospError", "AutospModule", "DiagnosticError", "ImportedModel", "PipelineError", "__version__",
-           "compile", "emit_graph_module", "import_model", "run_pipeline"]
+_EXPORTS = {
+    "compile": "autosp.api", "AutospModule": "autosp.api",
+    "emit_graph_module": "autosp.backend.fx_emitter",
+    "import_model": "autosp.frontend.importer", "ImportedModel": "autosp.frontend.importer",
+    "AutospError": "autosp.ir.diagnostics", "DiagnosticError": "autosp.ir.diagnostics",
+    "run_pipeline": "autosp.pipeline", "PipelineError": "autosp.pipeline",
+}
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autosp' has no attribute '{name}'")

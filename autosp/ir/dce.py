@@ -24,7 +24,9 @@ def _has_side_effects(name: str) -> bool:
 
 def _is_dead(op) -> bool:
     name = op_name(op)
-    if _has_side_effects(name):
+    # Only ops whose semantics we know: torch ops and autosp collectives (an unused
+    # collective is unused on every rank alike, so erasing it keeps ranks in step).
+    if not name.startswith(("torch.", "autosp.")) or _has_side_effects(name):
         return False
     if name == "torch.bind_symbolic_shape":
         value = op.operands[0]
@@ -34,7 +36,11 @@ def _is_dead(op) -> bool:
 
 
 def eliminate_dead_code(module) -> int:
-    """Erase dead ops in every function of ``module``; return how many were erased."""
+    """Erase dead ops in every function of ``module``; return how many were erased.
+
+    Only the top-level block of each function is visited; ops nested in regions
+    (``torch.prim.If``/``Loop``) are kept.
+    """
     erased = 0
     for func in funcs(as_operation(module)):
         block = func.regions[0].blocks[0]

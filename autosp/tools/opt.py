@@ -20,6 +20,7 @@ import re
 import sys
 import traceback
 from importlib import metadata
+from pathlib import Path
 
 from torch_mlir import ir
 
@@ -27,8 +28,7 @@ from autosp.dialect import IRDL_FILE
 from autosp.ir.core import make_context, parse_module
 from autosp.ir.diagnostics import AutospError, Diagnostic, DiagnosticError
 from autosp.passes import PASSES
-from autosp.pipeline import (PipelineError, PipelineOptions, PipelineSyntaxError,
-                             check_pipeline, parse_pipeline, run_pipeline)
+from autosp.pipeline import PipelineOptions, PipelineSyntaxError, check_pipeline, parse_pipeline, run_pipeline
 from autosp.tools.verify_diagnostics import check, parse_expectations
 
 PROG = "autosp-opt"
@@ -201,13 +201,14 @@ def run(argv: list[str]) -> int:
 
     source = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()
+        text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         print(f"{PROG}: error: could not open input file '{source}': {getattr(e, 'strerror', None) or e}",
               file=sys.stderr)
         return 1
 
     produced: list[Diagnostic] = []
+
     def handler(d) -> bool:  # diagnostics MLIR emits outside an error capture (warnings, remarks)
         diag = _located(d)
         produced.append(diag)
@@ -252,9 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `autosp-opt ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # silence the flush at exit
-    except PipelineError as e:
-        print(e.format(), file=sys.stderr)
-    except DiagnosticError as e:
+    except DiagnosticError as e:  # a bad pipeline; PipelineError.format() adds the reproducer
         print(e.format(), file=sys.stderr)
     except (AutospError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
