@@ -6,11 +6,13 @@ test ``lit_tests/<name without "autosp-", dashes as underscores>.mlir``.
 from __future__ import annotations
 
 from autosp.ir.pass_base import ModulePass
+from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.dce import DeadCodeElimination
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p
     for p in (
+        AnnotateSequence,
         DeadCodeElimination,
     )
 }
