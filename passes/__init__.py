@@ -8,12 +8,14 @@ from __future__ import annotations
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.dce import DeadCodeElimination
+from autosp.passes.partition_attention import PartitionAttention
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p
     for p in (
         AnnotateSequence,
         DeadCodeElimination,
+        PartitionAttention,
     )
 }
 

@@ -251,21 +251,28 @@ class GPT2Like(nn.Module):
 
 class AttentionBlock(nn.Module):
     """One pre-norm SDPA attention block on hidden states ``[B, S, D]`` (or ``[S, B, D]``
-    with ``seq_first=True``)."""
+    with ``seq_first=True``). ``kv_heads`` < ``heads`` uses SDPA's GQA (``enable_gqa``)."""
 
-    def __init__(self, hidden: int = 32, heads: int = 4, causal: bool = True, seq_first: bool = False):
+    def __init__(self, hidden: int = 32, heads: int = 4, causal: bool = True, seq_first: bool = False,
+                 kv_heads: int | None = None):
         super().__init__()
         self.heads, self.causal, self.seq_first = heads, causal, seq_first
+        self.kv_heads = kv_heads or heads
+        self.head_dim = hidden // heads
         self.norm = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.q = nn.Linear(hidden, hidden)
+        self.kv = nn.Linear(hidden, 2 * self.kv_heads * self.head_dim)
         self.out = nn.Linear(hidden, hidden)
 
     def forward(self, x):
         if self.seq_first:
             x = x.transpose(0, 1)
         b, s, d = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        h = self.norm(x)
+        q = self.q(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           enable_gqa=self.kv_heads != self.heads)
         y = x + self.out(o.transpose(1, 2).reshape(b, s, d))
         return y.transpose(0, 1) if self.seq_first else y
 

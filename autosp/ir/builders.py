@@ -1,0 +1,50 @@
+"""Small builders for torch-dialect and autosp ops (used by the transformation passes).
+
+Example::
+
+    >>> with ir.InsertionPoint(op):                       # insert before ``op``
+    ...     two = constant_int(2)
+    ...     y = all_to_all(x, split_dim=1, concat_dim=2, group="sp", result_type=t)
+"""
+from __future__ import annotations
+
+import re
+
+from torch_mlir import ir
+
+
+def vtensor_shape(type_) -> tuple[list[int | None], str] | None:
+    """``!torch.vtensor<[2,?,8],f32>`` -> ``([2, None, 8], "f32")``; None for other types."""
+    m = re.fullmatch(r"!torch\.vtensor<\[([^\]]*)\],([^>]+)>", str(type_))
+    if not m:
+        return None
+    dims = [None if d.strip() == "?" else int(d) for d in m.group(1).split(",") if d.strip()]
+    return dims, m.group(2)
+
+
+def vtensor_type(shape: list[int | None], dtype: str) -> ir.Type:
+    """The ``!torch.vtensor`` type of ``shape`` (None = dynamic) and ``dtype``."""
+    dims = ",".join("?" if d is None else str(d) for d in shape)
+    return ir.Type.parse(f"!torch.vtensor<[{dims}],{dtype}>")
+
+
+def constant_int(value: int) -> ir.Value:
+    """``torch.constant.int value`` at the current insertion point."""
+    return ir.Operation.create("torch.constant.int", results=[ir.Type.parse("!torch.int")],
+                               attributes={"value": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)}
+                               ).result
+
+
+def constant_none() -> ir.Value:
+    return ir.Operation.create("torch.constant.none", results=[ir.Type.parse("!torch.none")]).result
+
+
+def i64(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def autosp_op(name: str, operand: ir.Value, result_type: ir.Type, **attrs) -> ir.Value:
+    """An ``autosp.<name>`` op; int attributes become i64, strings StringAttr."""
+    attributes = {k: (i64(v) if isinstance(v, int) else ir.StringAttr.get(v)) for k, v in attrs.items()}
+    return ir.Operation.create(f"autosp.{name}", results=[result_type], operands=[operand],
+                               attributes=attributes).result

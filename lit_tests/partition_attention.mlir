@@ -1,0 +1,62 @@
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention=sp-size=2 | FileCheck %s
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention=sp-size=4 | FileCheck %s --check-prefix=P4
+
+// q, k, v go from [B, H, S, D] to [B, H/P, S, D]; attention runs on H/P heads; the output
+// comes back: exactly 4 all-to-alls, nothing else crosses ranks.
+// CHECK-LABEL: func.func @sdpa
+// CHECK: %[[Q:.*]] = "autosp.all_to_all"(%[[QIN:.*]]) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: %[[K:.*]] = "autosp.all_to_all"(%{{.*}}) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64}
+// CHECK: %[[V:.*]] = "autosp.all_to_all"(%{{.*}}) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64}
+// CHECK: %[[O:.*]] = torch.aten.scaled_dot_product_attention %[[Q]], %[[K]], %[[V]], {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+// CHECK: torch.bind_symbolic_shape %[[BACK]]
+// CHECK: return %[[BACK]]
+// CHECK-NOT: autosp.all_to_all
+// P4-LABEL: func.func @sdpa
+// P4-COUNT-3: -> !torch.vtensor<[2,1,?,8],f32>
+// P4: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
+func.func @sdpa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                %k: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64},
+                %v: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 2 : i64})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %k, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %v, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %0 = torch.aten.scaled_dot_product_attention %q, %k, %v, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %0, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// GQA with one KV head (MQA): at P=2 the KV head is repeated to 2 heads first, so each
+// rank's query heads find their KV head; the query side is split as usual.
+// CHECK-LABEL: func.func @mqa
+// CHECK: "autosp.all_to_all"(%{{.*}}) {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: %[[REP:.*]] = torch.constant.int 2
+// CHECK: %[[KR:.*]] = torch.aten.repeat_interleave.self_int %{{.*}}, %[[REP]], %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: "autosp.all_to_all"(%[[KR]]) {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
+// CHECK: torch.aten.repeat_interleave.self_int
+// CHECK: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// P4-LABEL: func.func @mqa
+// P4: torch.constant.int 4
+// P4: torch.aten.repeat_interleave.self_int {{.*}} -> !torch.vtensor<[2,4,?,8],f32>
+func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+               %k: !torch.vtensor<[2,1,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64},
+               %v: !torch.vtensor<[2,1,?,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 2 : i64})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %k, [%s], affine_map<()[s0] -> (2, 1, s0, 8)> : !torch.vtensor<[2,1,?,8],f32>
+  torch.bind_symbolic_shape %v, [%s], affine_map<()[s0] -> (2, 1, s0, 8)> : !torch.vtensor<[2,1,?,8],f32>
+  %0 = torch.aten.scaled_dot_product_attention %q, %k, %v, %none, %float0, %true, %none, %true : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}
