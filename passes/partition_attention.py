@@ -26,8 +26,9 @@ class PartitionAttention(ModulePass):
         %o = torch.aten.scaled_dot_product_attention %q, %k, %v, %none, %f0, %true, %none, %false
             : ... -> !torch.vtensor<[2,4,?,8],f32>
 
-    Output (sp-size=2)::
+    Output::
 
+        // sp-size=2
         %q2 = "autosp.all_to_all"(%q) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64}
             : (!torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32>
         ... (same for %k, %v)

@@ -5,7 +5,11 @@
 // RUN: autosp-opt --print-dialect | FileCheck %s --check-prefix=DIALECT
 
 // CHECK:      autosp passes:
+// CHECK-NEXT:   autosp-annotate-sequence{{ +}}Mark every dimension that is the sequence
+// CHECK-NEXT:     require-attention (bool, default True)
 // CHECK-NEXT:   autosp-dce{{ +}}Erase torch ops
+// CHECK-NEXT:   autosp-partition-attention{{ +}}Wrap each attention op in Ulysses all-to-alls
+// CHECK-NEXT:     sp-size (int, default 2)
 // CHECK:      Upstream MLIR and torch-mlir passes {{.*}} are also accepted in --pass-pipeline.
 
 // HELP: usage: autosp-opt
