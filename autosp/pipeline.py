@@ -98,7 +98,7 @@ def _split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _parse_options(pass_name: str, text: str) -> dict[str, str]:
+def _parse_options(text: str) -> dict[str, str]:
     opts = {}
     for item in text.replace(",", " ").split():
         key, eq, value = item.partition("=")
@@ -127,7 +127,7 @@ def parse_pipeline(text: str) -> list[Element]:
             if rest:
                 if not (rest.startswith("{") and rest.endswith("}")):
                     raise PipelineSyntaxError(f"malformed options '{rest}' for pass '{name}'")
-                opts = _parse_options(name, rest[1:-1])
+                opts = _parse_options(rest[1:-1])
             try:
                 elements.append(cls.from_options(opts))
             except PassOptionError as e:

@@ -105,3 +105,10 @@ def test_print_ir_after_all_and_before(capsys):
     text = out.getvalue()
     assert text.index("IR Dump After autosp-dce") < text.index("IR Dump Before canonicalize") \
         < text.index("IR Dump After canonicalize")
+
+
+def test_several_top_level_functions_are_wrapped_and_errors_keep_their_lines():
+    module = parse_module("func.func @a() { return }\nfunc.func @b() { return }", "two.mlir")
+    assert str(module).count("func.func") == 2
+    with pytest.raises(DiagnosticError, match=r"two\.mlir:2:18: error: custom op 'retur'"):
+        parse_module("func.func @a() { return }\nfunc.func @b() { retur }", "two.mlir")

@@ -23,7 +23,6 @@ _IRDL_TEXT: str | None = None
 
 def make_context(allow_unregistered_dialects: bool = False) -> ir.Context:
     """A context with the torch dialect and the IRDL-defined autosp dialect loaded."""
-    global _IRDL_TEXT
     ctx = ir.Context()
     torch_d.register_dialect(ctx)
     ctx.allow_unregistered_dialects = allow_unregistered_dialects
@@ -47,22 +46,23 @@ def parse_module(text: str, source_name: str = "<stdin>", ctx: ir.Context | None
     """Parse and verify MLIR text; return the ``builtin.module`` operation.
 
     Errors come back as a :class:`DiagnosticError` located in ``source_name``.
-    A text holding several top-level ops is wrapped in a module, as mlir-opt does.
+    Top-level ops that are not a module are wrapped in one, as mlir-opt does.
     """
     ctx = ctx or make_context()
     with ctx:
         try:
             op = ir.Operation.parse(text, source_name=source_name)
         except ir.MLIRError as e:
-            if "expected a single top-level" not in str(e) and "single" not in str(e):
+            if "single top-level operation" not in str(e):
                 raise DiagnosticError.from_mlir(e) from None
-            op = None
-        if op is None or op.name != "builtin.module":
+            # Several top-level ops: parse them inside a module opened on the first line, so
+            # every line number stays (columns on line 1 shift by 8).
+            wrapped = "module {" + text + "\n}"
             try:
-                op = ir.Module.parse(text).operation if op is None else _wrap(op)
-            except ir.MLIRError as e:
-                raise DiagnosticError.from_mlir(e) from None
-        return op
+                op = ir.Operation.parse(wrapped, source_name=source_name)
+            except ir.MLIRError as e2:
+                raise DiagnosticError.from_mlir(e2) from None
+        return op if op.name == "builtin.module" else _wrap(op)
 
 
 def _wrap(op: ir.Operation) -> ir.Operation:
