@@ -22,6 +22,7 @@ import torch.fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.runtime import collectives
@@ -83,8 +84,8 @@ def _attr_value(attr: ir.Attribute):
 
 
 def _vtensor_dtype(type_: ir.Type, op) -> torch.dtype:
-    text = str(type_)  # !torch.vtensor<[2,?],f32>
-    dtype = text.rsplit(",", 1)[-1].rstrip(">")
+    shape = vtensor_shape(type_)
+    dtype = shape[1] if shape else str(type_)
     if dtype not in _MLIR_TO_TORCH_DTYPE:
         raise DiagnosticError.at(op, f"result element type '{dtype}' is not supported by the emitter")
     return _MLIR_TO_TORCH_DTYPE[dtype]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from torch_mlir import ir
 
+from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 
@@ -66,11 +67,9 @@ def _paren(text: str) -> str:
 
 
 def _rank_and_dynamic(type_) -> list[bool] | None:
-    m = re.match(r"!torch\.vtensor<\[([^\]]*)\]", str(type_))
-    if not m:
-        return None
-    dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-    return [d == "?" for d in dims]
+    """Per dimension of a ``!torch.vtensor`` type: is it dynamic? (None for other types)."""
+    shape = vtensor_shape(type_)
+    return None if shape is None else [d is None for d in shape[0]]
 
 
 def find_sequence_symbol(func) -> ir.Value:
