@@ -78,7 +78,7 @@ Element = ModulePass | UpstreamPass
 
 # ----------------------------------------------------------------------------- parsing
 def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts, cur = [], []
     pairs = {"(": ")", "{": "}", "[": "]"}
     stack: list[str] = []
     for ch in text:

@@ -7,8 +7,6 @@ is dead once the value it describes has no other user.
 """
 from __future__ import annotations
 
-from torch_mlir import ir
-
 from autosp.ir.core import as_operation, funcs, op_name
 
 # Ops that must stay even when their results are unused.
