@@ -25,8 +25,26 @@ from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import import_model
 from autosp.ir.diagnostics import AutospError
 from autosp.pipeline import PipelineOptions, run_pipeline
+from autosp.runtime import collectives
+from autosp.runtime.grad_sync import GradientSync
 
 ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
+
+
+def _sequence_parallel_group(sp_size: int, group):
+    """The process group of this rank's sequence-parallel ranks: ``group`` if given, the world
+    if it has sp_size ranks, else consecutive blocks of sp_size ranks (data-parallel replicas)."""
+    if group is not None:
+        return group
+    world = dist.get_world_size()
+    if world == sp_size:
+        return None
+    mine = None
+    for start in range(0, world, sp_size):
+        g = dist.new_group(list(range(start, start + sp_size)))  # every rank creates every group
+        if start <= dist.get_rank() < start + sp_size:
+            mine = g
+    return mine
 
 
 def _resolve_sp_size(sp_size: int | None, group) -> int:
@@ -60,9 +78,12 @@ class AutospModule(torch.nn.Module):
         self.dump_dir = dump_dir
         self.verbose = verbose
         self._programs: dict[object, CompiledProgram] = {}
+        self.group_name = "sp"
+        self.grad_sync = None
         if self.sp_size > 1:
-            raise AutospError(f"sp_size={self.sp_size}: the sequence-parallel pipeline is not available in "
-                              "this version; use sp_size=1")
+            sp_group = _sequence_parallel_group(self.sp_size, group)
+            collectives.register_group(self.group_name, sp_group)
+            self.grad_sync = GradientSync(model.parameters(), self.group_name)
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
@@ -91,7 +112,9 @@ class AutospModule(torch.nn.Module):
         imported = import_model(self.module, *args, seq_dim=self.seq_dim, **kwargs)
         mlir = {"imported": str(imported.module)}
         t0 = time.perf_counter()
-        pipeline = self.pipeline or ROUND_TRIP_PIPELINE
+        pipeline = self.pipeline or (ROUND_TRIP_PIPELINE if self.sp_size == 1 else
+                                     f"builtin.module(autosp-sp-pipeline{{sp-size={self.sp_size} "
+                                     f"gather-outputs={str(self.gather_outputs).lower()}}})")
         run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=self.dump_dir))
         t_pipeline = time.perf_counter() - t0
         mlir["transformed"] = str(imported.module)

@@ -3,12 +3,17 @@
 
 // q, k, v go from [B, H, S, D] to [B, H/P, S, D]; attention runs on H/P heads; the output
 // comes back: exactly 4 all-to-alls, nothing else crosses ranks.
+// The full sequence length S is read once from the input; the gathering side of the
+// exchange needs it, because shards may differ in length by one when P does not divide S.
 // CHECK-LABEL: func.func @sdpa
-// CHECK: %[[Q:.*]] = "autosp.all_to_all"(%[[QIN:.*]]) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32>
-// CHECK: %[[K:.*]] = "autosp.all_to_all"(%{{.*}}) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64}
-// CHECK: %[[V:.*]] = "autosp.all_to_all"(%{{.*}}) {concat_dim = 2 : i64, group = "sp", split_dim = 1 : i64}
+// CHECK-SAME: (%[[QIN:[^:]*]]: !torch.vtensor<[2,4,?,8],f32>
+// CHECK: %[[DIM:.*]] = torch.constant.int 2
+// CHECK: %[[S:.*]] = torch.aten.size.int %[[QIN]], %[[DIM]]
+// CHECK: %[[Q:.*]] = "autosp.all_to_all"(%[[QIN]], %[[S]]) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: %[[K:.*]] = "autosp.all_to_all"(%{{.*}}, %[[S]]) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
+// CHECK: %[[V:.*]] = "autosp.all_to_all"(%{{.*}}, %[[S]]) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
 // CHECK: %[[O:.*]] = torch.aten.scaled_dot_product_attention %[[Q]], %[[K]], %[[V]], {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
-// CHECK: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+// CHECK: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
 // CHECK: torch.bind_symbolic_shape %[[BACK]]
 // CHECK: return %[[BACK]]
 // CHECK-NOT: autosp.all_to_all
@@ -38,9 +43,9 @@ func.func @sdpa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", aut
 // rank's query heads find their KV head; the query side is split as usual.
 // CHECK-LABEL: func.func @mqa
 // CHECK: "autosp.all_to_all"(%{{.*}}) {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
-// CHECK: %[[REP:.*]] = torch.constant.int 2
+// CHECK: %[[REP:.*]] = torch.constant.int 2{{$}}
 // CHECK: %[[KR:.*]] = torch.aten.repeat_interleave.self_int %{{.*}}, %[[REP]], %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
-// CHECK: "autosp.all_to_all"(%[[KR]]) {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
+// CHECK: "autosp.all_to_all"(%[[KR]], %{{.*}}) {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
 // CHECK: torch.aten.repeat_interleave.self_int
 // CHECK: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
 // P4-LABEL: func.func @mqa

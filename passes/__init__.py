@@ -9,6 +9,8 @@ from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.partition_attention import PartitionAttention
+from autosp.passes.shard_sequence import ShardSequence
+from autosp.passes.sp_pipeline import SequenceParallelPipeline
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p
@@ -16,6 +18,8 @@ PASSES: dict[str, type[ModulePass]] = {
         AnnotateSequence,
         DeadCodeElimination,
         PartitionAttention,
+        SequenceParallelPipeline,
+        ShardSequence,
     )
 }
 

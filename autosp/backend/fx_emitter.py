@@ -53,12 +53,15 @@ _MLIR_TO_TORCH_DTYPE = {
     "i1": torch.bool,
 }
 
-_COLLECTIVES = {
-    "autosp.all_to_all": (collectives.all_to_all, ("split_dim", "concat_dim", "group")),
-    "autosp.all_gather": (collectives.all_gather, ("dim", "group")),
-    "autosp.all_reduce": (collectives.all_reduce, ("reduce_op", "group")),
-    "autosp.reduce_scatter": (collectives.reduce_scatter, ("dim", "reduce_op", "group")),
-    "autosp.shard": (collectives.shard, ("dim", "group")),
+# autosp op -> (runtime function, names of its operands); attributes become keywords.
+_AUTOSP_OPS = {
+    "autosp.all_to_all": (collectives.all_to_all, ("x", "seq_len")),
+    "autosp.all_gather": (collectives.all_gather, ("x", "seq_len")),
+    "autosp.all_reduce": (collectives.all_reduce, ("x",)),
+    "autosp.reduce_scatter": (collectives.reduce_scatter, ("x",)),
+    "autosp.shard": (collectives.shard, ("x", "seq_len")),
+    "autosp.rewindow": (collectives.rewindow, ("x", "seq_len")),
+    "autosp.local_len": (collectives.local_len, ("seq_len",)),
 }
 
 
@@ -162,10 +165,11 @@ class _Emitter:
         elif name == "func.return":
             outs = tuple(self.get(v, op) for v in op.operands)
             self.graph.output(outs)
-        elif name in _COLLECTIVES:
-            fn, attr_names = _COLLECTIVES[name]
-            args = (self.get(op.operands[0], op),) + tuple(_attr_value(op.attributes[a]) for a in attr_names)
-            self.values[op.results[0]] = self.graph.call_function(fn, args)
+        elif name in _AUTOSP_OPS:
+            fn, operand_names = _AUTOSP_OPS[name]
+            kwargs = {n: self.get(v, op) for n, v in zip(operand_names, op.operands)}
+            kwargs.update({n: _attr_value(op.attributes[n]) for n in op.attributes})
+            self.values[op.results[0]] = self.graph.call_function(fn, (), kwargs)
         elif name.startswith("torch."):
             self.emit_torch_op(op, name)
         else:

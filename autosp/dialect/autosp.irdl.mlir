@@ -14,29 +14,37 @@
 // IRDL verifier looks `!torch.vtensor` up by name (dialects are loaded lazily there).
 module attributes {autosp.loads_torch = !torch.int} {
 irdl.dialect @autosp {
-  // Sequence-sharded <-> head-sharded exchange (Ulysses): split `split_dim` into P
-  // chunks, send chunk i to rank i, concatenate what arrives along `concat_dim`.
+  // Sequence-sharded <-> head-sharded exchange (Ulysses): split `split_dim` into P parts,
+  // send part i to rank i, concatenate what arrives along `concat_dim`. `seq_dim` says
+  // which of the two is the sequence (-1: neither); that side is cut in the uneven
+  // sequence chunks of the full length `seq_len` (needed when it is the concat side).
   irdl.operation @all_to_all {
     %tensor = irdl.base "!torch.vtensor"
     %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
     %split = irdl.base "#builtin.integer"
     %concat = irdl.base "#builtin.integer"
+    %seq = irdl.base "#builtin.integer"
     %group = irdl.base "#builtin.string"
-    irdl.operands(input: %tensor)
+    irdl.operands(input: %tensor, seq_len: optional %int)
     irdl.results(output: %result)
-    irdl.attributes { "split_dim" = %split, "concat_dim" = %concat, "group" = %group }
+    irdl.attributes { "split_dim" = %split, "concat_dim" = %concat, "seq_dim" = %seq, "group" = %group }
   }
-  // Concatenate every rank's tensor along `dim`.
+  // Concatenate every rank's part along `dim`. With `seq_len`, the parts are the uneven
+  // pieces of the window [lo, seq_len - trim) of the sequence. Result: replicated.
   irdl.operation @all_gather {
     %tensor = irdl.base "!torch.vtensor"
     %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
     %dim = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
     %group = irdl.base "#builtin.string"
-    irdl.operands(input: %tensor)
+    irdl.operands(input: %tensor, seq_len: optional %int)
     irdl.results(output: %result)
-    irdl.attributes { "dim" = %dim, "group" = %group }
+    irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
   }
-  // Element-wise reduction over the group; every rank gets the result.
+  // Element-wise reduction over the group; every rank gets the (replicated) result.
   irdl.operation @all_reduce {
     %tensor = irdl.base "!torch.vtensor"
     %sum = irdl.is "sum"
@@ -48,7 +56,7 @@ irdl.dialect @autosp {
     irdl.results(output: %tensor)
     irdl.attributes { "reduce_op" = %reduce, "group" = %group }
   }
-  // Reduce over the group, then keep this rank's chunk along `dim`.
+  // Reduce over the group, then keep this rank's equal chunk along `dim`.
   irdl.operation @reduce_scatter {
     %tensor = irdl.base "!torch.vtensor"
     %result = irdl.base "!torch.vtensor"
@@ -62,15 +70,46 @@ irdl.dialect @autosp {
     irdl.results(output: %result)
     irdl.attributes { "dim" = %dim, "reduce_op" = %reduce, "group" = %group }
   }
-  // Replicated -> sharded without communication: keep this rank's chunk along `dim`.
+  // Replicated -> sharded without communication. The input holds the window
+  // [lo, seq_len - trim) of the sequence along `dim`; keep this rank's part of it.
   irdl.operation @shard {
     %tensor = irdl.base "!torch.vtensor"
     %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
     %dim = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
     %group = irdl.base "#builtin.string"
-    irdl.operands(input: %tensor)
+    irdl.operands(input: %tensor, seq_len: %int)
     irdl.results(output: %result)
-    irdl.attributes { "dim" = %dim, "group" = %group }
+    irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
+  }
+  // A sharded value on the window (lo, trim), narrowed to the window (new_lo, new_trim)
+  // inside it: a sequence slice (labels[:, 1:], logits[:, :-1]) without communication.
+  irdl.operation @rewindow {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %dim = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %new_lo = irdl.base "#builtin.integer"
+    %new_trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor, seq_len: %int)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "new_lo" = %new_lo, "new_trim" = %new_trim,
+                      "group" = %group }
+  }
+  // How many positions of the window [lo, seq_len - trim) this rank holds.
+  irdl.operation @local_len {
+    %int = irdl.base "!torch.int"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(seq_len: %int)
+    irdl.results(output: %int)
+    irdl.attributes { "lo" = %lo, "trim" = %trim, "group" = %group }
   }
 }
 }

@@ -43,8 +43,22 @@ def i64(value: int) -> ir.Attribute:
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
 
 
-def autosp_op(name: str, operand: ir.Value, result_type: ir.Type, **attrs) -> ir.Value:
-    """An ``autosp.<name>`` op; int attributes become i64, strings StringAttr."""
+def autosp_op(name: str, operands, result_type: ir.Type, **attrs) -> ir.Value:
+    """An ``autosp.<name>`` op on ``operands`` (a value or a list); int attributes become
+    i64, strings StringAttr."""
+    operands = list(operands) if isinstance(operands, (list, tuple)) else [operands]
     attributes = {k: (i64(v) if isinstance(v, int) else ir.StringAttr.get(v)) for k, v in attrs.items()}
-    return ir.Operation.create(f"autosp.{name}", results=[result_type], operands=[operand],
+    return ir.Operation.create(f"autosp.{name}", results=[result_type], operands=operands,
                                attributes=attributes).result
+
+
+def torch_op(name: str, operands, result_type: ir.Type) -> ir.Value:
+    """A ``torch.*`` op with one result."""
+    return ir.Operation.create(name, results=[result_type], operands=list(operands)).result
+
+
+INT = "!torch.int"
+
+
+def int_type() -> ir.Type:
+    return ir.Type.parse(INT)

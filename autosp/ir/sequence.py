@@ -194,3 +194,20 @@ def annotate(module, info: SequenceInfo) -> None:
                 op.attributes["autosp.seq"] = ir.StringAttr.get(info.scalars[r])
         for op, kind in info.attention:
             op.attributes["autosp.attention"] = ir.StringAttr.get(kind)
+
+
+def sequence_length_value(module, info: SequenceInfo) -> ir.Value:
+    """An ``!torch.int`` holding the full sequence length S, defined at the top of ``@main``
+    (``torch.aten.size.int`` of the first input that carries the sequence)."""
+    func = main_func(module)
+    block = func.regions[0].blocks[0]
+    for i, attr in enumerate(func.attributes["arg_attrs"] if "arg_attrs" in func.attributes else []):
+        if "autosp.seq_dim" in attr:
+            arg, dim = block.arguments[i], attr["autosp.seq_dim"].value
+            break
+    else:
+        raise DiagnosticError.at(func, "has no input marked with autosp.seq_dim to take the sequence length from")
+    first = next(iter(block.operations))
+    from autosp.ir import builders as b
+    with ir.InsertionPoint(first), first.location:
+        return b.torch_op("torch.aten.size.int", [arg, b.constant_int(dim)], b.int_type())

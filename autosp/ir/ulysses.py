@@ -17,7 +17,7 @@ from torch_mlir import ir
 from autosp.ir import builders as b
 from autosp.ir.core import op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.sequence import SequenceInfo
+from autosp.ir.sequence import SequenceInfo, sequence_length_value
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
 
@@ -35,7 +35,7 @@ def _check_operand(op, value, what: str, info: SequenceInfo) -> tuple[list, str]
     return shape
 
 
-def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str) -> None:
+def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> None:
     """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all."""
     q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
     (q_shape, dtype), (k_shape, _), (v_shape, _) = (_check_operand(op, x, n, info)
@@ -65,20 +65,20 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str) -> None:
                                         results=[b.vtensor_type(shape, dtype)],
                                         operands=[x, rep, dim, b.constant_none()]).result
             local = [shape[0], shape[1] // sp_size, None, shape[3]]
-            return b.autosp_op("all_to_all", x, b.vtensor_type(local, dtype), split_dim=HEAD_DIM,
-                               concat_dim=SEQ_DIM, group=group)
+            return b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dtype), split_dim=HEAD_DIM,
+                               concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
 
         new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
         new_operands += list(op.operands[3:])
         out_shape, out_dtype = b.vtensor_shape(op.results[0].type)
         local_out = [out_shape[0], out_shape[1] // sp_size, None, out_shape[3]]
-        attrs = {a.name: a.attr for a in op.attributes}
+        attrs = {n: op.attributes[n] for n in op.attributes}
         attention = ir.Operation.create(op_name(op), results=[b.vtensor_type(local_out, out_dtype)],
                                         operands=new_operands, attributes=attrs)
     with ir.InsertionPoint.after(attention), op.location:
         back = b.autosp_op("all_to_all", attention.result,
                            b.vtensor_type([out_shape[0], out_shape[1], None, out_shape[3]], out_dtype),
-                           split_dim=SEQ_DIM, concat_dim=HEAD_DIM, group=group)
+                           split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
     # `back` has the old result's type ([B, H, S, D]), so its shape bindings stay valid.
     op.results[0].replace_all_uses_with(back)
     op.erase()
@@ -87,11 +87,12 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str) -> None:
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp") -> int:
     """Partition every attention op found by the analysis; return how many were rewritten."""
     count = 0
+    seq_len = sequence_length_value(module, info) if info.attention else None
     for op, kind in info.attention:
         if kind == "manual":
             raise DiagnosticError.at(op, "manual attention (matmul -> softmax -> matmul) is recognised but "
                                          "not yet partitioned; use F.scaled_dot_product_attention")
-        partition_sdpa(op, info, sp_size, group)
+        partition_sdpa(op, info, sp_size, group, seq_len)
         count += 1
     return count
 

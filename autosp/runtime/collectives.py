@@ -1,9 +1,21 @@
 """Runtime collectives: what the autosp dialect's ops become in the emitted FX graph.
 
 Each function takes a group *name* (``"sp"``) resolved through :func:`register_group`,
-so emitted graphs hold no process-group objects. All functions are autograd-aware
-(backed by ``torch.distributed._functional_collectives``) and are identities on a
-group of one rank, which keeps ``sp_size=1`` an exact round trip.
+so emitted graphs hold no process-group objects. On a group of one rank every function
+is an identity, which keeps ``sp_size=1`` an exact round trip.
+
+**Sequence chunks.** A sequence of length S is split over P ranks like
+``torch.tensor_split``: rank r holds positions ``[start_r, end_r)``, the first ``S % P``
+ranks one more than the rest, so no length needs to be divisible by P and no token is
+dropped or padded. A value may live on a *window* ``[lo, S - trim)`` of that frame (the
+labels of a causal-LM loss are shifted by one); each rank then holds the part of its
+chunk inside the window.
+
+**Gradients (SPMD).** Every rank runs the same program and differentiates its own copy.
+A collective whose result is replicated (``all_reduce``, ``all_gather``) therefore has a
+*local* backward (identity / this rank's slice): each rank back-propagates its own share,
+and summing the parameter gradients over the group gives the single-device gradient.
+``all_to_all`` is a permutation, and its backward is the inverse exchange.
 
 This module is the bottom of the dependency graph: it imports nothing else of autosp.
 """
@@ -16,7 +28,7 @@ _GROUPS: dict[str, object] = {}
 
 
 def register_group(name: str, group) -> None:
-    """Bind a group name used in the IR (``group = "sp"``) to a process group (or None: world)."""
+    """Bind a group name used in the IR (``group = "sp"``) to a process group (None: world)."""
     _GROUPS[name] = group
 
 
@@ -39,76 +51,180 @@ def _group(name: str):
     return g if g is not None else dist.group.WORLD
 
 
-def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, group: str) -> torch.Tensor:
-    """Split ``x`` along ``split_dim`` into P chunks, exchange, concatenate along ``concat_dim``."""
+# ----------------------------------------------------------------------------- chunks
+def chunk(seq_len: int, ranks: int, rank: int) -> tuple[int, int]:
+    """``[start, end)`` of ``rank``'s chunk of a length-``seq_len`` sequence."""
+    base, extra = divmod(seq_len, ranks)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def span(seq_len: int, lo: int, trim: int, ranks: int, rank: int) -> tuple[int, int]:
+    """This rank's part ``[a, b)`` (frame positions) of the window ``[lo, seq_len - trim)``."""
+    start, end = chunk(seq_len, ranks, rank)
+    a, b = max(start, lo), min(end, seq_len - trim)
+    return (a, b) if a < b else (a, a)
+
+
+def local_len(seq_len: int, lo: int, trim: int, group: str) -> int:
+    """How many positions of the window ``[lo, seq_len - trim)`` this rank holds."""
+    a, b = span(seq_len, lo, trim, group_size(group), group_rank(group))
+    return b - a
+
+
+def shard(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, group: str) -> torch.Tensor:
+    """Replicated -> sharded, no communication: ``x`` holds the window ``[lo, seq_len - trim)``
+    (index j is frame position lo + j); keep this rank's part of it.
+
+    ``dim`` may also be a flattened (outer x window) dimension, the window innermost, as
+    ``labels[:, 1:].reshape(-1)``: then each of its ``outer`` rows is sliced alike.
+    """
+    p = group_size(group)
+    if p == 1:
+        return x
+    a, b = span(seq_len, lo, trim, p, group_rank(group))
+    dim %= x.dim()
+    window = seq_len - lo - trim
+    size = x.shape[dim]
+    if size == window:
+        return x.narrow(dim, a - lo, b - a)
+    if window <= 0 or size % window:
+        raise RuntimeError(f"autosp.shard: dim {dim} of size {size} is not the sequence window ({window}) "
+                           "or a multiple of it")
+    outer = size // window
+    rows = x.unflatten(dim, (outer, window)).narrow(dim + 1, a - lo, b - a)
+    return rows.flatten(dim, dim + 1)
+
+
+def rewindow(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, new_lo: int, new_trim: int,
+             group: str) -> torch.Tensor:
+    """A sharded value on window (lo, trim) narrowed to the window (new_lo, new_trim) inside it."""
+    p = group_size(group)
+    if p == 1:
+        return x.narrow(dim, new_lo - lo, seq_len - new_trim - new_lo)
+    r = group_rank(group)
+    a, _ = span(seq_len, lo, trim, p, r)
+    na, nb = span(seq_len, new_lo, new_trim, p, r)
+    if nb == na:
+        return x.narrow(dim, 0, 0)
+    return x.narrow(dim, na - a, nb - na)
+
+
+# ----------------------------------------------------------------------------- all_to_all
+def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, group: str,
+               seq_len: int | None = None) -> torch.Tensor:
+    """Split ``split_dim`` into P parts, send part i to rank i, concatenate what arrives along
+    ``concat_dim`` (in rank order).
+
+    ``seq_dim`` names which of the two is the sequence (or -1 for neither): that side is
+    split or assembled in the uneven chunks of ``seq_len`` (the full length; needed when the
+    sequence is the concatenated side); the other side must divide by P.
+    """
     p = group_size(group)
     if p == 1:
         return x
     from torch.distributed._functional_collectives import all_to_all_single_autograd
-    split_dim %= x.dim()
-    concat_dim %= x.dim()
-    # Put the split dim first so the exchange is on contiguous chunks of dim 0.
-    chunks = x.movedim(split_dim, 0).contiguous()
-    if chunks.shape[0] % p:
-        raise RuntimeError(f"autosp.all_to_all: dim {split_dim} of size {chunks.shape[0]} "
-                           f"is not divisible by the group size {p}")
-    out = all_to_all_single_autograd(chunks, None, None, _group(group))
-    out = out.view(p, chunks.shape[0] // p, *chunks.shape[1:]).movedim(1, split_dim + 1)
-    # out: [P, ...] with the received rank index first; fold it into concat_dim.
-    out = out.movedim(0, concat_dim)
-    shape = list(out.shape)
-    shape[concat_dim:concat_dim + 2] = [shape[concat_dim] * shape[concat_dim + 1]]
-    return out.reshape(shape)
+    nd = x.dim()
+    split_dim, concat_dim = split_dim % nd, concat_dim % nd
+    seq_dim = seq_dim % nd if seq_dim >= 0 else -1
+    rank = group_rank(group)
+
+    # Parts to send: along split_dim, even or in sequence chunks.
+    size = x.shape[split_dim]
+    if seq_dim == split_dim:
+        bounds = [chunk(size, p, i) for i in range(p)]
+    else:
+        if size % p:
+            raise RuntimeError(f"autosp.all_to_all: dim {split_dim} of size {size} does not divide "
+                               f"over {p} ranks")
+        bounds = [(i * size // p, (i + 1) * size // p) for i in range(p)]
+    parts = [x.narrow(split_dim, a, b - a) for a, b in bounds]
+    send = torch.cat([t.reshape(-1) for t in parts])
+    in_splits = [t.numel() for t in parts]
+
+    # Shapes that arrive: this rank's part of split_dim, and rank i's extent of concat_dim.
+    my_part = list(parts[rank].shape)
+    if seq_dim == concat_dim:
+        if seq_len is None:
+            raise RuntimeError("autosp.all_to_all: gathering the sequence needs its full length")
+        extents = [b - a for a, b in (chunk(seq_len, p, i) for i in range(p))]
+    else:
+        extents = [x.shape[concat_dim]] * p
+    shapes = []
+    for e in extents:
+        s = list(my_part)
+        s[concat_dim] = e
+        shapes.append(s)
+    out_splits = [int(torch.Size(s).numel()) for s in shapes]
+    received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
+    pieces = torch.split(received, out_splits)
+    return torch.cat([piece.view(s) for piece, s in zip(pieces, shapes)], dim=concat_dim)
 
 
-def all_gather(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` (ranks in group order)."""
-    p = group_size(group)
-    if p == 1:
-        return x
-    from torch.distributed._functional_collectives import all_gather_tensor_autograd
-    return all_gather_tensor_autograd(x.contiguous(), dim % x.dim(), _group(group))
-
-
-def all_reduce(x: torch.Tensor, reduce_op: str, group: str) -> torch.Tensor:
-    """Reduce ``x`` over the group (``sum``/``max``/``min``); every rank gets the result."""
-    if group_size(group) == 1:
-        return x
-    from torch.distributed._functional_collectives import all_reduce as _all_reduce
-    if reduce_op != "sum" or not x.requires_grad:
-        return _all_reduce(x, reduce_op, _group(group))
-    return _AllReduceSum.apply(x, group)
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over the group; the gradient of a sum is the sum of the gradients."""
+# ----------------------------------------------------------------------------- reductions
+class _AllReduceLocalBackward(torch.autograd.Function):
+    """Forward: reduce over the group. Backward: identity (each rank's own share, see module doc)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        from torch.distributed._functional_collectives import all_reduce as _all_reduce
-        ctx.group = group
-        return _all_reduce(x, "sum", _group(group))
+    def forward(ctx, x, reduce_op, group):
+        from torch.distributed._functional_collectives import all_reduce as _all_reduce, wait_tensor
+        return wait_tensor(_all_reduce(x.contiguous(), reduce_op, _group(group)))
 
     @staticmethod
     def backward(ctx, grad):
-        from torch.distributed._functional_collectives import all_reduce as _all_reduce
-        return _all_reduce(grad.contiguous(), "sum", _group(ctx.group)), None
+        return grad, None, None
+
+
+def all_reduce(x: torch.Tensor, reduce_op: str, group: str) -> torch.Tensor:
+    """Reduce ``x`` over the group (``sum``/``max``/``min``); every rank gets the result.
+
+    Used where every rank then computes the same replicated value (a global loss): the
+    backward is local (identity), see the module docstring.
+    """
+    if group_size(group) == 1:
+        return x
+    return _AllReduceLocalBackward.apply(x, reduce_op, group)
+
+
+class _AllGatherLocalBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, seq_len, lo, trim):
+        p, r = group_size(group), group_rank(group)
+        spans = [span(seq_len, lo, trim, p, i) for i in range(p)]
+        longest = max(b - a for a, b in spans)
+        padded = x
+        if x.shape[dim] < longest:
+            pad_shape = list(x.shape)
+            pad_shape[dim] = longest - x.shape[dim]
+            padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+        gathered = [torch.empty_like(padded) for _ in range(p)]
+        dist.all_gather(gathered, padded.contiguous(), group=_group(group))
+        ctx.dim, ctx.offset, ctx.length = dim, spans[r][0] - spans[0][0], spans[r][1] - spans[r][0]
+        return torch.cat([g.narrow(dim, 0, b - a) for g, (a, b) in zip(gathered, spans)], dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.narrow(ctx.dim, ctx.offset, ctx.length), None, None, None, None, None
+
+
+def all_gather(x: torch.Tensor, dim: int, group: str, seq_len: int | None = None, lo: int = 0,
+               trim: int = 0) -> torch.Tensor:
+    """Concatenate every rank's part along ``dim``. With ``seq_len``, the parts are the uneven
+    pieces of the window ``[lo, seq_len - trim)``; without, all parts have ``x``'s size.
+    The backward is local: this rank's slice of the gradient."""
+    p = group_size(group)
+    if p == 1:
+        return x
+    dim %= x.dim()
+    if seq_len is None:
+        n = x.shape[dim] * p
+        seq_len, lo, trim = n, 0, 0
+    return _AllGatherLocalBackward.apply(x, dim, group, seq_len, lo, trim)
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> torch.Tensor:
-    """Reduce over the group, keep this rank's chunk of ``dim``."""
+    """Reduce over the group, keep this rank's equal chunk of ``dim``."""
     if group_size(group) == 1:
         return x
     from torch.distributed._functional_collectives import reduce_scatter_tensor_autograd
     return reduce_scatter_tensor_autograd(x.contiguous(), reduce_op, dim % x.dim(), _group(group))
-
-
-def shard(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
-    """This rank's contiguous chunk of ``x`` along ``dim`` (no communication)."""
-    p = group_size(group)
-    if p == 1:
-        return x
-    size = x.shape[dim]
-    if size % p:
-        raise RuntimeError(f"autosp.shard: dim {dim} of size {size} is not divisible by the group size {p}")
-    return x.narrow(dim, group_rank(group) * (size // p), size // p)
