@@ -42,6 +42,10 @@ from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.sequence import NOT_SEQ, SequenceInfo, const_int
 
 _BIG = 1 << 62  # slice ends at or beyond this mean "to the end"
+_CONTRACTIONS = ("torch.aten.mm", "torch.aten.bmm", "torch.aten.matmul")
+_MIXING_ALONG_DIM = ("torch.aten.cumsum", "torch.aten.cumprod", "torch.aten.softmax.int", "torch.aten._softmax",
+                     "torch.aten.log_softmax.int", "torch.aten._log_softmax", "torch.aten.sort",
+                     "torch.aten.logcumsumexp", "torch.aten.flip", "torch.aten.roll")
 _SUM_OPS = ("torch.aten.sum.dim_IntList", "torch.aten.sum")
 _SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                   "torch.aten._unsafe_view")
@@ -244,6 +248,7 @@ class _Materializer:
                         use.owner.operands[use.operand_number] = reduced
                 self.info.dims.pop(reduced, None)
                 return
+            self.check_sequence_mixing(op, name)
             raise DiagnosticError.at(op, "reduces over the sequence, which autosp can only split for sums")
         if len(res_dims) > 1:
             raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
@@ -253,14 +258,7 @@ class _Materializer:
         self.materialize(op, name, tensor_ops, Seq(res_dims[0], lo, trim))
 
     def materialize(self, op, name, tensor_ops, seq: Seq) -> None:
-        if name in ("torch.aten.mm", "torch.aten.bmm", "torch.aten.matmul", "torch.aten.softmax.int",
-                    "torch.aten._softmax", "torch.aten.cumsum", "torch.aten.sort"):
-            for v in tensor_ops:
-                dims = self.seq_dims(v)
-                contracted = name in ("torch.aten.mm", "torch.aten.bmm", "torch.aten.matmul") and \
-                    v == op.operands[0] and dims and dims[-1] == len(self.seq_entries(v)) - 1
-                if contracted:
-                    raise DiagnosticError.at(op, "contracts the sequence dimension; autosp cannot shard it")
+        self.check_sequence_mixing(op, name)
         for i, v in enumerate(list(op.operands)):
             items = _list_items(v)
             if items:  # a list of tensors (torch.aten.cat): shard its replicated items
@@ -274,6 +272,22 @@ class _Materializer:
         if op_name(op) in _SIZE_LIST_OPS:
             self.fix_size_list(op, seq)
         self.layout[op.results[0]] = seq
+
+    def check_sequence_mixing(self, op, name: str) -> None:
+        """Diagnose ops that would combine positions of the sequence (Rule 5)."""
+        if name in _CONTRACTIONS:
+            a, b_ = op.operands[0], op.operands[1]
+            ra = self.seq_entries(a)
+            rb = self.seq_entries(b_)
+            if (ra and ra[-1] != NOT_SEQ) or (rb and rb[-2 if len(rb) > 1 else 0] != NOT_SEQ):
+                raise DiagnosticError.at(op, "contracts the sequence dimension (a matmul over positions) outside "
+                                             "recognised attention; autosp cannot shard it")
+        elif name in _MIXING_ALONG_DIM:
+            entries = self.seq_entries(op.operands[0]) or []
+            d = const_int(op.operands[1]) if len(op.operands) > 1 else None
+            if d is not None and entries and entries[d % len(entries)] != NOT_SEQ:
+                raise DiagnosticError.at(op, f"works along the sequence dimension ({d}); each rank holds only "
+                                             "part of it, so autosp cannot shard this op")
 
     def sharded_operand(self, op, v, seq: Seq):
         """``v`` itself if it is sharded or has no sequence dim, else its shard on ``seq``."""

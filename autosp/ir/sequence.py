@@ -207,6 +207,13 @@ def sequence_length_value(module, info: SequenceInfo) -> ir.Value:
             break
     else:
         raise DiagnosticError.at(func, "has no input marked with autosp.seq_dim to take the sequence length from")
+    # Reuse one a previous pass put at the top of the function.
+    for op in block.operations:
+        name = op_name(op)
+        if name == "torch.aten.size.int" and op.operands[0] == arg and const_int(op.operands[1]) == dim:
+            return op.results[0]
+        if name not in ("torch.aten.size.int", "torch.constant.int"):
+            break
     first = next(iter(block.operations))
     from autosp.ir import builders as b
     with ir.InsertionPoint(first), first.location:

@@ -35,6 +35,7 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     eps: float = 1e-6
+    shift_labels: bool = True  # False: labels arrive already shifted (the caller aligned them)
 
     @property
     def head_dim(self) -> int:
@@ -162,10 +163,12 @@ class LlamaLike(nn.Module):
             x = blk(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         out = {"logits": logits}
-        if labels is not None:
+        if labels is not None and self.cfg.shift_labels:
             shift_logits = logits[:, :-1, :].reshape(-1, self.cfg.vocab)
             shift_labels = labels[:, 1:].reshape(-1)
             out["loss"] = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        elif labels is not None:
+            out["loss"] = F.cross_entropy(logits.reshape(-1, self.cfg.vocab), labels.reshape(-1), ignore_index=-100)
         return out
 
 
@@ -289,10 +292,10 @@ def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
         return AttentionBlock(32, 4, seq_first=True), (torch.randn(seq, batch, 32),), {}, 0
     if name == "llama":
         model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2))
-        ids = torch.randint(0, 64, (batch, seq))
-        return model, (ids,), {"labels": ids}, 1
+        ids, labels = torch.randint(0, 64, (2, batch, seq))
+        return model, (ids,), {"labels": labels}, 1
     if name == "gpt2":
         model = GPT2Like(GPT2Config(vocab=64, hidden=32, layers=layers, heads=4))
-        ids = torch.randint(0, 64, (batch, seq))
-        return model, (ids,), {"labels": ids}, 1
+        ids, labels = torch.randint(0, 64, (2, batch, seq))
+        return model, (ids,), {"labels": labels}, 1
     raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2)")

@@ -17,8 +17,8 @@
 // CHECK: torch.bind_symbolic_shape %[[IDS]], [%[[S]]], affine_map<()[s0] -> (2, s0)>
 // CHECK: torch.bind_symbolic_shape %[[LABELS]], [%[[S]]], affine_map<()[s0] -> (2, s0)>
 
-// Positions are made in-graph from the one size of the token input.
-// CHECK: %[[LEN:.*]] = torch.aten.size.int %[[IDS]]
+// Positions are made in-graph from the one size.int of an input (export picks which).
+// CHECK: %[[LEN:.*]] = torch.aten.size.int %{{.*}}, %{{.*}} : !torch.vtensor<[2,?],si64>
 // CHECK: torch.aten.arange.start_step %{{.*}}, %[[LEN]]
 
 // Attention stays one op on [batch, heads, seq, head_dim].
