@@ -102,3 +102,27 @@ def test_negative_controls_fail(sabotage, _fresh_seed):
     results = run_ranks(_body, 2, args=("llama", (16,), _fresh_seed % 10000, sabotage), timeout=300)
     worst = max(max(r[16]) for r in results.values())
     assert worst > 1e-3, f"sabotage '{sabotage}' went unnoticed (max rel err {worst:.1e})"
+
+
+def _dp_sp_body(rank, world, queue, seed):
+    """World 4 = 2 data-parallel replicas x 2 sequence-parallel ranks; each replica its own batch."""
+    import autosp
+    from autosp.testing.parity import parity
+    torch.manual_seed(seed)
+    model, seq_dim = _model("llama_gqa")
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, sp_size=2, gather_outputs=True)
+    replica = rank // 2
+    args, kwargs = _inputs("llama", 15, torch.Generator().manual_seed(seed + 100 * replica))
+    report = parity(reference, compiled, *args, **kwargs)
+    queue.put((rank, (replica, report.max_output_error, report.max_grad_error,
+                      float(compiled(*args, **kwargs)["loss"]))))
+
+
+def test_sp_smaller_than_world_forms_dp_x_sp_groups(_fresh_seed):
+    results = run_ranks(_dp_sp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
+    for rank, (replica, out_err, grad_err, _) in results.items():
+        assert out_err <= TOL and grad_err <= TOL, f"rank {rank}: {out_err:.2e} {grad_err:.2e}"
+    losses = {replica: loss for replica, _, _, loss in results.values()}
+    assert results[0][3] == results[1][3] and results[2][3] == results[3][3]
+    assert losses[0] != losses[1], "the two replicas saw different batches"
