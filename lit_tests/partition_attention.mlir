@@ -65,3 +65,21 @@ func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", auto
   %0 = torch.aten.scaled_dot_product_attention %q, %k, %v, %none, %float0, %true, %none, %true : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }
+
+// Manual attention (GPT-2 style: matmul, scale, causal mask sliced from a buffer,
+// softmax, matmul, in the batched-matmul form [B*H, S, D]): q, k, v and the output are
+// found around the two matmuls; between them, B*H and H shrink by P while the mask,
+// replicated, keeps the whole sequence.
+// RUN: %python -m autosp.frontend gpt2 | autosp-opt --autosp-partition-attention=sp-size=2 | FileCheck %s --check-prefix=MANUAL
+// MANUAL-LABEL: func.func @main(
+// MANUAL-SAME: %[[MASK:[^:]*]]: !torch.vtensor<[1,1,256,256],i1> {autosp.buffer = "blocks.0.attn.bias"}
+// MANUAL-COUNT-2: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,2,?,8],f32>
+// MANUAL: %[[SCORES:.*]] = torch.aten.bmm {{.*}} : !torch.vtensor<[4,?,8],f32>, !torch.vtensor<[4,8,?],f32> -> !torch.vtensor<[4,?,?],f32>
+// MANUAL: torch.aten.slice.Tensor %[[MASK]]
+// MANUAL: torch.aten.where.self {{.*}} : !torch.vtensor<[1,1,?,?],i1>, !torch.vtensor<[],f32>, !torch.vtensor<[2,2,?,?],f32> -> !torch.vtensor<[2,2,?,?],f32>
+// MANUAL: torch.aten.softmax.int {{.*}} -> !torch.vtensor<[2,2,?,?],f32>
+// MANUAL: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
+// MANUAL: torch.aten.bmm {{.*}} -> !torch.vtensor<[4,?,8],f32>
+// MANUAL: %[[O:.*]] = torch.aten.view {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// MANUAL: "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+// MANUAL-NOT: autosp.all_to_all

@@ -23,6 +23,9 @@ def _model(name):
         return AttentionBlock(32, 4, seq_first=True), 0
     if name.startswith("sdpa_gqa"):  # sdpa_gqa1 / sdpa_gqa2: SDPA's enable_gqa with 1 or 2 KV heads
         return AttentionBlock(64, 8, kv_heads=int(name[-1])), 1
+    if name == "gpt2":  # manual attention, causal mask from a buffer, learned positions
+        from autosp.testing.models import GPT2Config, GPT2Like
+        return GPT2Like(GPT2Config(vocab=64, hidden=32, layers=2, heads=4)), 1
     if name.startswith("llama"):
         cfg = LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2 if "gqa" in name else None,
                           shift_labels="shifted_outside" not in name)
@@ -80,14 +83,14 @@ CASES = [
     ("sdpa_block", 2, (16, 15)), ("sdpa_block", 4, (16, 33)), ("sdpa_block_seq_first", 2, (15,)),
     ("sdpa_gqa1", 4, (16,)), ("sdpa_gqa2", 4, (15,)),
     ("llama", 2, (16, 15)), ("llama_gqa", 4, (33, 16)), ("llama_position_ids", 2, (15,)),
-    ("llama_shifted_outside", 2, (16,)),
+    ("llama_shifted_outside", 2, (16,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
 ]
 
 
 @pytest.mark.parametrize("name, world, seqs", CASES, ids=[f"{n}-P{w}" for n, w, _ in CASES])
 def test_matches_single_device(name, world, seqs, _fresh_seed):
     results = run_ranks(_body, world, args=(name, seqs, _fresh_seed % 10000, None), timeout=300)
-    layers = 2 if name.startswith("llama") else 1
+    layers = 2 if name.startswith(("llama", "gpt2")) else 1
     for rank, r in results.items():
         for seq in seqs:
             out_err, grad_err = r[seq]

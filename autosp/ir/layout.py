@@ -209,8 +209,9 @@ class _Materializer:
                 self.layout[result] = Seq(seq_dim)
             return
         if HEADS in layouts:
-            if name != "torch.aten.scaled_dot_product_attention" or any(x != HEADS for x in layouts):
-                raise DiagnosticError.at(op, "mixes head-sharded attention values with other layouts")
+            # Inside attention: queries and keys are whole, so replicated masks stay whole.
+            if any(isinstance(x, Seq) for x in layouts):
+                raise DiagnosticError.at(op, "mixes head-sharded attention values with sequence-sharded ones")
             self.layout[result] = HEADS
             return
 

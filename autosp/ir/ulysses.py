@@ -90,9 +90,195 @@ def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "
     seq_len = sequence_length_value(module, info) if info.attention else None
     for op, kind in info.attention:
         if kind == "manual":
-            raise DiagnosticError.at(op, "manual attention (matmul -> softmax -> matmul) is recognised but "
-                                         "not yet partitioned; use F.scaled_dot_product_attention")
-        partition_sdpa(op, info, sp_size, group, seq_len)
+            partition_manual(op, info, sp_size, group, seq_len)
+        else:
+            partition_sdpa(op, info, sp_size, group, seq_len)
         count += 1
     return count
+
+
+# ----------------------------------------------------------------------------- manual attention
+_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
+# Ops that only move or broadcast data between [B, H, S, D] and the [B*H, S, D] matmul form.
+_RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view", "torch.aten.broadcast_to",
+             "torch.aten.expand", "torch.aten.permute", "torch.aten.transpose.int", "torch.aten.clone",
+             "torch.aten.contiguous", "torch.aten.mul.Scalar", "torch.aten.div.Scalar")
+
+
+def _is_bhsd(value, info: SequenceInfo) -> bool:
+    shape = b.vtensor_shape(value.type)
+    return shape is not None and len(shape[0]) == 4 and info.seq_dims(value) == [SEQ_DIM]
+
+
+def _users(value) -> list:
+    """The ops that use ``value``, shape annotations aside."""
+    return [u.owner.operation for u in value.uses if op_name(u.owner) != "torch.bind_symbolic_shape"]
+
+
+def _producer(value):
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _trace_back(value, info: SequenceInfo, attention_op, what: str):
+    """From a matmul operand back through reshapes to the [B, H, S, D] tensor it came from."""
+    while not _is_bhsd(value, info):
+        op = _producer(value)
+        if op is None or op_name(op) not in _RESHAPES:
+            raise DiagnosticError.at(attention_op, f"is softmax attention whose {what} does not come from a "
+                                                   "[batch, heads, seq, head_dim] tensor autosp can find")
+        value = op.operands[0]
+    return value
+
+
+def _chain_back_to_matmul(value, info: SequenceInfo, attention_op, depth: int = 12):
+    """From the softmax input back to the score matmul (through scale, mask, reshapes):
+    a depth-first search over the operands that carry two sequence dims."""
+    op = _producer(value)
+    if op is not None and depth > 0:
+        if op_name(op) in _MATMULS:
+            return op
+        for v in op.operands:
+            if len(info.seq_dims(v)) >= 2:
+                try:
+                    return _chain_back_to_matmul(v, info, attention_op, depth - 1)
+                except DiagnosticError:
+                    continue
+    raise DiagnosticError.at(attention_op, "is softmax attention whose scores do not come from a matmul")
+
+
+def _chain_forward_to_matmul(value, attention_op):
+    """From the softmax result forward to the matmul with the values (through reshapes)."""
+    while True:
+        users = _users(value)
+        if len(users) != 1:
+            break
+        op = users[0]
+        if op_name(op) in _MATMULS and op.operands[0] == value:
+            return op
+        if op_name(op) not in _RESHAPES and op_name(op) != "torch.aten.dropout":
+            break
+        value = op.results[0]
+    raise DiagnosticError.at(attention_op, "is softmax attention whose probabilities do not reach a matmul "
+                                           "with the values")
+
+
+def _trace_forward(value, info: SequenceInfo, attention_op):
+    """From the output matmul forward through reshapes to the [B, H, S, D] output."""
+    while not _is_bhsd(value, info):
+        users = _users(value)
+        if len(users) != 1 or op_name(users[0]) not in _RESHAPES:
+            raise DiagnosticError.at(attention_op, "is softmax attention whose output does not return to a "
+                                                   "[batch, heads, seq, head_dim] tensor")
+        value = users[0].results[0]
+    return value
+
+
+def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> None:
+    """Ulysses around matmul -> (scale, mask) -> softmax -> matmul, written out by the model.
+
+    Finds q, k, v and the output as the [B, H, S, D] tensors around the two matmuls,
+    exchanges them like SDPA's operands, and divides the head count (H, or B*H in the
+    batched-matmul form) by P in every op between them. Masks and biases that reach the
+    scores replicated keep the full sequence (queries and keys are whole in there).
+    """
+    scores_mm = _chain_back_to_matmul(softmax.operands[0], info, softmax)
+    pv_mm = _chain_forward_to_matmul(softmax.results[0], softmax)
+    q = _trace_back(scores_mm.operands[0], info, softmax, "query")
+    k = _trace_back(scores_mm.operands[1], info, softmax, "key")
+    v = _trace_back(pv_mm.operands[1], info, softmax, "value")
+    out = _trace_forward(pv_mm.results[0], info, softmax)
+    (q_shape, dtype) = b.vtensor_shape(q.type)
+    batch, heads = q_shape[0], q_shape[HEAD_DIM]
+    for x, what in ((k, "key"), (v, "value")):
+        if b.vtensor_shape(x.type)[0][HEAD_DIM] != heads:
+            raise DiagnosticError.at(softmax, f"is softmax attention with {what} heads "
+                                              f"({b.vtensor_shape(x.type)[0][HEAD_DIM]}) unlike query heads ({heads}); "
+                                              "repeat the key/value heads in the model, or use SDPA")
+    if heads is None or batch is None:
+        raise DiagnosticError.at(softmax, "is softmax attention with a dynamic batch or head count")
+    if heads % sp_size:
+        raise DiagnosticError.at(softmax, f"query heads ({heads}) are not divisible by sp-size {sp_size}: "
+                                          "Ulysses attention gives each rank heads/sp-size heads")
+
+    # The ops between q/k/v and the output: reachable from the inputs and reaching the output.
+    block_ops = [op.operation for op in softmax.operation.block.operations]
+    index = {op: i for i, op in enumerate(block_ops)}
+    forward = set()
+    frontier = [q, k, v]
+    while frontier:
+        val = frontier.pop()
+        for use in val.uses:
+            user = use.owner.operation
+            if user not in forward and index.get(user, -1) <= index[out.owner.operation]:
+                forward.add(user)
+                frontier.extend(user.results)
+    backward, frontier = set(), [out.owner.operation]
+    while frontier:
+        op = frontier.pop()
+        if op in backward or op not in forward:
+            continue
+        backward.add(op)
+        frontier.extend(_producer(x) for x in op.operands if _producer(x) is not None)
+    region = sorted(backward, key=index.get)
+    region_results = {r for op in region for r in op.results}
+
+    def to_heads(x):
+        shape, dt = b.vtensor_shape(x.type)
+        local = [shape[0], shape[1] // sp_size, None, shape[3]]
+        with ir.InsertionPoint.after(x.owner) if not isinstance(x.owner, ir.Block) else \
+                ir.InsertionPoint(block_ops[0]), softmax.location:
+            y = b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dt), split_dim=HEAD_DIM,
+                            concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
+        for use in list(x.uses):
+            if use.owner.operation in backward:
+                use.owner.operands[use.operand_number] = y
+
+    for x in {q: None, k: None, v: None}:
+        to_heads(x)
+    for op in region:
+        for i, r in enumerate(op.results):
+            r.set_type(_divide_heads(r.type, batch, heads, sp_size))
+        if op_name(op) in ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view",
+                           "torch.aten.broadcast_to", "torch.aten.expand"):
+            _divide_heads_in_list(op, batch, heads, sp_size)
+        for operand in op.operands:
+            shape = b.vtensor_shape(operand.type)
+            producer = _producer(operand)
+            if shape and producer is not None and operand not in region_results and \
+                    op_name(producer) != "autosp.all_to_all" and len(shape[0]) == 4 and shape[0][HEAD_DIM] not in (1,):
+                raise DiagnosticError.at(op, f"mixes a per-head tensor {operand.type} from outside attention into "
+                                             "the scores; autosp cannot split its heads yet")
+    out_shape, out_dtype = b.vtensor_shape(out.type)
+    with ir.InsertionPoint.after(out.owner), softmax.location:
+        back = b.autosp_op("all_to_all", [out], b.vtensor_type([batch, heads, None, out_shape[3]], out_dtype),
+                           split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
+    out.replace_all_uses_except(back, back.owner.operation)
+
+
+def _divide_heads(type_, batch: int, heads: int, p: int):
+    shape = b.vtensor_shape(type_)
+    if shape is None:
+        return type_
+    dims, dtype = shape
+    if len(dims) == 4 and dims[HEAD_DIM] == heads:
+        dims = [dims[0], heads // p] + dims[2:]
+    elif len(dims) == 3 and dims[0] == batch * heads:
+        dims = [batch * heads // p] + dims[1:]
+    return b.vtensor_type(dims, dtype)
+
+
+def _divide_heads_in_list(op, batch: int, heads: int, p: int) -> None:
+    lst = op.operands[1]
+    owner = _producer(lst)
+    if owner is None or op_name(owner) != "torch.prim.ListConstruct":
+        return
+    items = list(owner.operands)
+    from autosp.ir.sequence import const_int
+    position, value = (1, heads) if len(items) == 4 else (0, batch * heads) if len(items) == 3 else (None, None)
+    if position is None or const_int(items[position]) != value:
+        return
+    with ir.InsertionPoint(op), op.location:
+        items[position] = b.constant_int(value // p)
+        op.operands[1] = ir.Operation.create("torch.prim.ListConstruct", results=[lst.type], operands=items).result
 
