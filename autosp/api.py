@@ -143,12 +143,26 @@ class AutospModule(torch.nn.Module):
 
 def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
             gather_outputs: bool = False, **options) -> AutospModule:
-    """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/ and DESIGN §2).
+    """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/DESIGN.md §2).
 
-    ``sp_size`` defaults to the size of ``group`` (or the world; 1 without
-    torch.distributed). ``seq_dim`` is the inputs' sequence dimension. Options:
-    ``pipeline`` (a custom pass pipeline), ``dump_dir`` (IR after every pass),
-    ``verbose`` (print compile timings). ``sp_size=1`` is an exact round trip.
+    Call it on every rank of an initialised torch.distributed job; every rank then calls
+    the returned module with the same full-sequence inputs. ``sp_size`` defaults to the
+    size of ``group`` (or the world; 1 without torch.distributed); a world larger than
+    ``sp_size`` is split into consecutive sequence-parallel groups (data-parallel
+    replicas). ``seq_dim`` is the inputs' sequence dimension. A scalar loss computed in the
+    model is the global loss on every rank; sequence-aligned outputs are this rank's shard,
+    or the full tensor with ``gather_outputs=True``. After ``backward()`` every parameter's
+    ``.grad`` is the single-device gradient (summed over the group, bucketed). Collectives
+    use the process group's timeout. Options: ``pipeline`` (a custom pass pipeline),
+    ``dump_dir`` (IR after every pass), ``verbose`` (compile timings). ``sp_size=1`` is an
+    exact round trip.
+
+    Example::
+
+        dist.init_process_group("gloo")
+        model = autosp.compile(model)
+        loss = model(ids, labels=labels)["loss"]
+        loss.backward()
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"autosp.compile expects an nn.Module, got {type(model).__name__}")
