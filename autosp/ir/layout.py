@@ -93,6 +93,7 @@ class _Materializer:
         self.layout: dict = {}
         self.param_derived: set = set(params)
         self.local_lens: dict = {}  # (lo, trim) -> the one autosp.local_len of that window
+        self.local_scalars: set = set()  # sizes read from sharded values: local lengths
 
     # ---------------------------------------------------------------- queries
     def seq_entries(self, value):
@@ -179,8 +180,24 @@ class _Materializer:
             self.visit(op, name)
 
     def check_scalar_op(self, op) -> None:
+        if op_name(op) == "torch.aten.size.int":
+            lay = self.layout.get(op.operands[0])
+            if lay == HEADS:
+                return  # inside attention sizes are the partitioned program's own: full S, H/P
+            if isinstance(lay, Seq):
+                d = const_int(op.operands[1])
+                entries = self.seq_entries(op.operands[0]) or []
+                if d is not None and entries and d % len(entries) == lay.dim:
+                    # The local length (e.g. the shape of a dropout mask): fine for sharded
+                    # values, wrong for replicated ones (checked where it is used).
+                    self.local_scalars.add(op.results[0])
+                    self.info.scalars.pop(op.results[0], None)
+                return
+        if any(v in self.local_scalars for v in op.operands):
+            self.local_scalars.update(op.results)
         for v in op.operands:
-            if self.layout.get(v) is not None:
+            lay = self.layout.get(v)
+            if lay is not None:
                 raise DiagnosticError.at(op, "reads a sharded tensor into a scalar; autosp cannot tell whether "
                                              "it wants the local or the global value")
 
@@ -230,6 +247,16 @@ class _Materializer:
                 raise DiagnosticError.at(op, "starts sequence-sharded work from an operand whose sequence size "
                                              "autosp cannot split")
             self.materialize(op, name, tensor_ops, Seq(res_dims[0], window.lo, window.trim))
+        self.check_local_scalars(op)
+
+    def check_local_scalars(self, op) -> None:
+        """A local length may only shape sequence-sharded results."""
+        if isinstance(self.layout.get(op.results[0]), Seq):
+            return
+        scalars = list(op.operands) + [i for v in op.operands for i in _list_items(v)]
+        if any(v in self.local_scalars for v in scalars):
+            raise DiagnosticError.at(op, "uses the local length of a sharded tensor to build a replicated one; "
+                                         "compute it from the input's size instead")
 
     def visit_sharded(self, op, name, tensor_ops, sharded, res_dims) -> None:
         windows = {(lay.lo, lay.trim) for _, lay in sharded}

@@ -46,8 +46,12 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
                                      "Ulysses attention gives each rank heads/sp-size heads")
     mask_is_none = not isinstance(mask.owner, ir.Block) and op_name(mask.owner) == "torch.constant.none"
     if not mask_is_none:
-        raise DiagnosticError.at(op, "an explicit attn_mask is not supported by Ulysses partitioning yet "
-                                     "(use is_causal, or a mask built in the model from positions)")
+        # Inside Ulysses attention queries and keys are whole, so a [.., S, S] mask is used
+        # whole; only a per-head mask would need slicing.
+        mask_shape = b.vtensor_shape(mask.type)
+        if mask_shape is None or (len(mask_shape[0]) == 4 and mask_shape[0][HEAD_DIM] not in (1,)):
+            raise DiagnosticError.at(op, f"has a per-head attn_mask {mask.type}; autosp supports masks that "
+                                         "broadcast over heads")
     repeat = 1
     if kv_heads % sp_size:
         if sp_size % kv_heads:
@@ -147,18 +151,19 @@ def _chain_back_to_matmul(value, info: SequenceInfo, attention_op, depth: int = 
     raise DiagnosticError.at(attention_op, "is softmax attention whose scores do not come from a matmul")
 
 
-def _chain_forward_to_matmul(value, attention_op):
-    """From the softmax result forward to the matmul with the values (through reshapes)."""
-    while True:
-        users = _users(value)
-        if len(users) != 1:
-            break
-        op = users[0]
-        if op_name(op) in _MATMULS and op.operands[0] == value:
-            return op
-        if op_name(op) not in _RESHAPES and op_name(op) != "torch.aten.dropout":
-            break
-        value = op.results[0]
+def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int = 16):
+    """From the softmax result forward to the matmul with the values (through casts,
+    dropout, reshapes): a depth-first search over users that keep two sequence dims."""
+    if depth > 0:
+        for op in _users(value):
+            if op_name(op) in _MATMULS and op.operands[0] == value:
+                return op
+            for r in op.results:
+                if len(info.seq_dims(r)) >= 2 or op_name(op) in _RESHAPES:
+                    try:
+                        return _chain_forward_to_matmul(r, info, attention_op, depth - 1)
+                    except DiagnosticError:
+                        continue
     raise DiagnosticError.at(attention_op, "is softmax attention whose probabilities do not reach a matmul "
                                            "with the values")
 
@@ -183,7 +188,7 @@ def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_
     scores replicated keep the full sequence (queries and keys are whole in there).
     """
     scores_mm = _chain_back_to_matmul(softmax.operands[0], info, softmax)
-    pv_mm = _chain_forward_to_matmul(softmax.results[0], softmax)
+    pv_mm = _chain_forward_to_matmul(softmax.results[0], info, softmax)
     q = _trace_back(scores_mm.operands[0], info, softmax, "query")
     k = _trace_back(scores_mm.operands[1], info, softmax, "key")
     v = _trace_back(pv_mm.operands[1], info, softmax, "value")
