@@ -234,7 +234,8 @@ class _Materializer:
 
         sharded = [(v, lay) for v, lay in zip(tensor_ops, layouts) if isinstance(lay, Seq)]
         if sharded:
-            self.visit_sharded(op, name, tensor_ops, sharded, res_dims)
+            if self.visit_sharded(op, name, tensor_ops, sharded, res_dims) == "erased":
+                return
         elif res_dims and result in self.param_derived and len(res_dims) == 1:
             # Rule 2: sharding starts here.
             window = None
@@ -282,7 +283,7 @@ class _Materializer:
             raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
                                          "cannot shard it")
         if name == "torch.aten.slice.Tensor" and self.is_seq_slice(op, sharded[0][1]):
-            return
+            return "erased"
         self.materialize(op, name, tensor_ops, Seq(res_dims[0], lo, trim))
 
     def materialize(self, op, name, tensor_ops, seq: Seq) -> None:
