@@ -32,19 +32,18 @@ ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
 
 
 def _sequence_parallel_group(sp_size: int, group):
-    """The process group of this rank's sequence-parallel ranks: ``group`` if given, the world
-    if it has sp_size ranks, else consecutive blocks of sp_size ranks (data-parallel replicas)."""
+    """``(sp_group, mesh)``: the process group of this rank's sequence-parallel ranks, and
+    the (dp, sp) ``DeviceMesh`` when the world is larger than one group (``None`` else).
+    With an explicit ``group`` that group is used and no mesh is built."""
     if group is not None:
-        return group
+        return group, None
     world = dist.get_world_size()
     if world == sp_size:
-        return None
-    mine = None
-    for start in range(0, world, sp_size):
-        g = dist.new_group(list(range(start, start + sp_size)))  # every rank creates every group
-        if start <= dist.get_rank() < start + sp_size:
-            mine = g
-    return mine
+        return None, None
+    from torch.distributed.device_mesh import init_device_mesh
+    device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
+    return mesh["sp"].get_group(), mesh
 
 
 def _resolve_sp_size(sp_size: int | None, group) -> int:
@@ -67,7 +66,7 @@ class AutospModule(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, backend: str | None = None):
         super().__init__()
         self.module = model
         self.sp_size = _resolve_sp_size(sp_size, group)
@@ -77,13 +76,22 @@ class AutospModule(torch.nn.Module):
         self.pipeline = pipeline
         self.dump_dir = dump_dir
         self.verbose = verbose
+        self.backend = backend
         self._programs: dict[object, CompiledProgram] = {}
         self.group_name = "sp"
         self.grad_sync = None
+        self.mesh = None
         if self.sp_size > 1:
-            sp_group = _sequence_parallel_group(self.sp_size, group)
+            sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             collectives.register_group(self.group_name, sp_group)
-            self.grad_sync = GradientSync(model.parameters(), self.group_name)
+            if self.mesh is None:
+                self.grad_sync = GradientSync(model.parameters(), self.group_name)
+            else:
+                # DP x SP: sum over the sequence-parallel ranks, average over the replicas,
+                # in one all-reduce over the whole mesh.
+                collectives.register_group("dp_sp", None)
+                dp = self.mesh["dp"].size()
+                self.grad_sync = GradientSync(model.parameters(), "dp_sp", scale=1.0 / dp)
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
@@ -127,7 +135,11 @@ class AutospModule(torch.nn.Module):
             print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
                   f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
                   file=sys.stderr)
-        return CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+        program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+        if self.backend is not None:
+            # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
+            program.runner = torch.compile(gm, backend=self.backend, dynamic=True, fullgraph=True)
+        return program
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
@@ -154,8 +166,9 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     or the full tensor with ``gather_outputs=True``. After ``backward()`` every parameter's
     ``.grad`` is the single-device gradient (summed over the group, bucketed). Collectives
     use the process group's timeout. Options: ``pipeline`` (a custom pass pipeline),
-    ``dump_dir`` (IR after every pass), ``verbose`` (compile timings). ``sp_size=1`` is an
-    exact round trip.
+    ``dump_dir`` (IR after every pass), ``verbose`` (compile timings), ``backend`` (a
+    ``torch.compile`` backend such as ``"inductor"`` for the emitted module, compiled as one
+    graph). ``sp_size=1`` is an exact round trip.
 
     Example::
 

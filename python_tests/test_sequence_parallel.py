@@ -108,24 +108,53 @@ def test_negative_controls_fail(sabotage, _fresh_seed):
 
 
 def _dp_sp_body(rank, world, queue, seed):
-    """World 4 = 2 data-parallel replicas x 2 sequence-parallel ranks; each replica its own batch."""
+    """World 4 = 2 data-parallel replicas x 2 sequence-parallel ranks (a DeviceMesh); each
+    replica its own batch. Loss: the replica's own; gradients: averaged over replicas."""
+    import autosp
+    from autosp.testing.parity import relative_error
+    torch.manual_seed(seed)
+    model, _ = _model("llama_gqa")
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, sp_size=2)
+    batches = [_inputs("llama", 15, torch.Generator().manual_seed(seed + 100 * r)) for r in range(2)]
+    replica = rank // 2
+    args, kwargs = batches[replica]
+    loss = compiled(*args, **kwargs)["loss"]
+    loss.backward()
+    ref_losses = []
+    for a, k in batches:  # single device: the mean of the replicas' gradients
+        ref_loss = reference(*a, **k)["loss"]
+        (ref_loss / 2).backward()
+        ref_losses.append(ref_loss.detach())
+    grad_err = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    queue.put((rank, (replica, relative_error(loss, ref_losses[replica]), grad_err, float(loss),
+                      tuple(compiled.mesh.shape), compiled.mesh.mesh_dim_names)))
+
+
+def test_sp_smaller_than_world_forms_dp_x_sp_mesh(_fresh_seed):
+    results = run_ranks(_dp_sp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
+    for rank, (replica, loss_err, grad_err, _, shape, names) in results.items():
+        assert shape == (2, 2) and names == ("dp", "sp")
+        assert loss_err <= TOL and grad_err <= TOL, f"rank {rank}: loss {loss_err:.2e} grads {grad_err:.2e}"
+    assert results[0][3] == results[1][3] and results[2][3] == results[3][3]
+    assert results[0][3] != results[2][3], "the two replicas saw different batches"
+
+
+def _compiled_backend_body(rank, world, queue, seed):
+    """torch.compile after SP: the emitted module compiles as one graph (fullgraph=True)."""
     import autosp
     from autosp.testing.parity import parity
     torch.manual_seed(seed)
-    model, seq_dim = _model("llama_gqa")
+    model, _ = _model("llama_gqa")
     reference = copy.deepcopy(model)
-    compiled = autosp.compile(model, sp_size=2, gather_outputs=True)
-    replica = rank // 2
-    args, kwargs = _inputs("llama", 15, torch.Generator().manual_seed(seed + 100 * replica))
-    report = parity(reference, compiled, *args, **kwargs)
-    queue.put((rank, (replica, report.max_output_error, report.max_grad_error,
-                      float(compiled(*args, **kwargs)["loss"]))))
+    compiled = autosp.compile(model, gather_outputs=True, backend="aot_eager")
+    errors = []
+    for seq in (16, 15):
+        args, kwargs = _inputs("llama", seq, torch.Generator().manual_seed(seed + seq))
+        errors.append(parity(reference, compiled, *args, **kwargs).max_error)
+    queue.put((rank, max(errors)))
 
 
-def test_sp_smaller_than_world_forms_dp_x_sp_groups(_fresh_seed):
-    results = run_ranks(_dp_sp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
-    for rank, (replica, out_err, grad_err, _) in results.items():
-        assert out_err <= TOL and grad_err <= TOL, f"rank {rank}: {out_err:.2e} {grad_err:.2e}"
-    losses = {replica: loss for replica, _, _, loss in results.values()}
-    assert results[0][3] == results[1][3] and results[2][3] == results[3][3]
-    assert losses[0] != losses[1], "the two replicas saw different batches"
+def test_torch_compile_after_sequence_parallelism(_fresh_seed):
+    results = run_ranks(_compiled_backend_body, 2, args=(_fresh_seed % 10000,), timeout=600)
+    assert max(results.values()) <= TOL, results

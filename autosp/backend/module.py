@@ -23,6 +23,7 @@ class CompiledProgram:
     tensor_leaves: list[int]
     mlir: dict[str, str] = field(default_factory=dict)  # IR text per stage ("imported", "transformed")
     timings: dict[str, float] = field(default_factory=dict)
+    runner: object = None  # what is called: the GraphModule, or a torch.compile'd version of it
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
@@ -36,5 +37,6 @@ class CompiledProgram:
 
     def __call__(self, model: torch.nn.Module, leaves: list) -> object:
         inputs = [leaves[i] for i in self.tensor_leaves]
-        outputs = self.graph_module(*self.state_tensors(model), *inputs)
+        run = self.runner if self.runner is not None else self.graph_module
+        outputs = run(*self.state_tensors(model), *inputs)
         return pytree.tree_unflatten(list(outputs), self.out_spec)

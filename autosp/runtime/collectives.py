@@ -4,10 +4,10 @@ Each function takes a group *name* (``"sp"``) resolved through :func:`register_g
 so emitted graphs hold no process-group objects. On a group of one rank every function
 is an identity, which keeps ``sp_size=1`` an exact round trip.
 
-**Sequence chunks.** A sequence of length S is split over P ranks like
-``torch.tensor_split``: rank r holds positions ``[start_r, end_r)``, the first ``S % P``
-ranks one more than the rest, so no length needs to be divisible by P and no token is
-dropped or padded. A value may live on a *window* ``[lo, S - trim)`` of that frame (the
+**Sequence chunks.** A sequence of length S is split over P ranks evenly: rank r holds
+positions ``[r*S // P, (r+1)*S // P)``; lengths differ by at most one, so no length needs
+to be divisible by P and no token is dropped or padded (and the formula has no branch, so
+``torch.compile`` keeps S symbolic). A value may live on a *window* ``[lo, S - trim)`` of that frame (the
 labels of a causal-LM loss are shifted by one); each rank then holds the part of its
 chunk inside the window.
 
@@ -54,16 +54,15 @@ def _group(name: str):
 # ----------------------------------------------------------------------------- chunks
 def chunk(seq_len: int, ranks: int, rank: int) -> tuple[int, int]:
     """``[start, end)`` of ``rank``'s chunk of a length-``seq_len`` sequence."""
-    base, extra = divmod(seq_len, ranks)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    return rank * seq_len // ranks, (rank + 1) * seq_len // ranks
 
 
 def span(seq_len: int, lo: int, trim: int, ranks: int, rank: int) -> tuple[int, int]:
     """This rank's part ``[a, b)`` (frame positions) of the window ``[lo, seq_len - trim)``."""
     start, end = chunk(seq_len, ranks, rank)
-    a, b = max(start, lo), min(end, seq_len - trim)
-    return (a, b) if a < b else (a, a)
+    a = torch.sym_max(start, lo)
+    b = torch.sym_max(a, torch.sym_min(end, seq_len - trim))
+    return a, b
 
 
 def local_len(seq_len: int, lo: int, trim: int, group: str) -> int:
@@ -105,9 +104,7 @@ def rewindow(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, new_lo
     r = group_rank(group)
     a, _ = span(seq_len, lo, trim, p, r)
     na, nb = span(seq_len, new_lo, new_trim, p, r)
-    if nb == na:
-        return x.narrow(dim, 0, 0)
-    return x.narrow(dim, na - a, nb - na)
+    return x.narrow(dim, torch.sym_min(na - a, x.shape[dim]), nb - na)
 
 
 # ----------------------------------------------------------------------------- all_to_all

@@ -20,9 +20,10 @@ from autosp.runtime.collectives import _group, group_size
 
 
 class GradientSync:
-    def __init__(self, params, group: str = "sp", bucket_bytes: int = 25 << 20):
+    def __init__(self, params, group: str = "sp", bucket_bytes: int = 25 << 20, scale: float = 1.0):
         self.params = [p for p in params if p.requires_grad]
         self.group = group
+        self.scale = scale  # e.g. 1/dp: sum over sequence ranks, average over data-parallel replicas
         self.bucket_bytes = bucket_bytes
         self._queued = False
         self.enabled = True
@@ -64,6 +65,8 @@ class GradientSync:
         for group_params in by_dtype.values():
             flat = torch.cat([p.grad.reshape(-1) for p in group_params])
             dist.all_reduce(flat, group=_group(self.group))
+            if self.scale != 1.0:
+                flat.mul_(self.scale)
             offset = 0
             for p in group_params:
                 n = p.grad.numel()
