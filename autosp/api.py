@@ -66,7 +66,7 @@ class AutospModule(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                 verbose: bool = False, backend: str | None = None):
+                 verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True):
         super().__init__()
         self.module = model
         self.sp_size = _resolve_sp_size(sp_size, group)
@@ -84,7 +84,9 @@ class AutospModule(torch.nn.Module):
         if self.sp_size > 1:
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             collectives.register_group(self.group_name, sp_group)
-            if self.mesh is None:
+            if self.mesh is None or not sync_data_parallel:
+                # Sum over the sequence-parallel ranks only (data parallelism, if any, is
+                # the caller's: e.g. DDP over self.mesh["dp"]).
                 self.grad_sync = GradientSync(model.parameters(), self.group_name)
             else:
                 # DP x SP: sum over the sequence-parallel ranks, average over the replicas,
@@ -168,7 +170,10 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     use the process group's timeout. Options: ``pipeline`` (a custom pass pipeline),
     ``dump_dir`` (IR after every pass), ``verbose`` (compile timings), ``backend`` (a
     ``torch.compile`` backend such as ``"inductor"`` for the emitted module, compiled as one
-    graph). ``sp_size=1`` is an exact round trip.
+    graph), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
+    autosp also averages gradients over the data-parallel replicas; pass False when wrapping
+    the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
+    which then does it). ``sp_size=1`` is an exact round trip.
 
     Example::
 

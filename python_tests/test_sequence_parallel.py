@@ -158,3 +158,33 @@ def _compiled_backend_body(rank, world, queue, seed):
 def test_torch_compile_after_sequence_parallelism(_fresh_seed):
     results = run_ranks(_compiled_backend_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     assert max(results.values()) <= TOL, results
+
+
+def _ddp_body(rank, world, queue, seed):
+    """DDP on the data-parallel dimension of the mesh, autosp on the sequence dimension."""
+    import autosp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from autosp.testing.parity import relative_error
+    torch.manual_seed(seed)
+    model, _ = _model("llama_gqa")
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, sp_size=2, sync_data_parallel=False)
+    ddp = DDP(compiled, process_group=compiled.mesh["dp"].get_group())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for step in range(2):
+        batches = [_inputs("llama", 15, torch.Generator().manual_seed(seed + 100 * r + step)) for r in range(2)]
+        args, kwargs = batches[rank // 2]
+        opt.zero_grad()
+        ddp(*args, **kwargs)["loss"].backward()
+        opt.step()
+        ref_opt.zero_grad()
+        for a, k in batches:
+            (reference(*a, **k)["loss"] / 2).backward()
+        ref_opt.step()
+    queue.put((rank, max(relative_error(p, q) for p, q in zip(model.parameters(), reference.parameters()))))
+
+
+def test_composes_with_ddp_on_the_data_parallel_dimension(_fresh_seed):
+    results = run_ranks(_ddp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
+    assert max(results.values()) <= TOL, results

@@ -33,7 +33,13 @@ class GradientSync:
     def _on_grad(self, _param) -> None:
         if self.enabled and not self._queued and group_size(self.group) > 1:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            torch.autograd.Variable._execution_engine.queue_callback(self._defer)
+
+    def _defer(self) -> None:
+        # Queue again, so the sum runs after every callback queued in this backward, e.g.
+        # DDP's, which writes its data-parallel average into .grad when it finishes. The
+        # two reductions are linear, so only their writes' order matters.
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
     def _finish(self) -> None:
         self._queued = False
