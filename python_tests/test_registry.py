@@ -52,3 +52,9 @@ def test_options_are_typed_and_kebab_case():
         Demo.from_options({"sp-size": "four"})
     with pytest.raises(PassOptionError, match="has no option 'size'.*sp-size, fast"):
         Demo.from_options({"size": "4"})
+
+
+def test_pass_reference_is_generated_from_the_docstrings():
+    from autosp.tools.pass_docs import render
+    path = LIT.parent / "docs" / "passes.md"
+    assert path.read_text() == render(), "regenerate: python -m autosp.tools.pass_docs > docs/passes.md"
