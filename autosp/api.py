@@ -66,7 +66,8 @@ class AutospModule(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                 verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True):
+                 verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True,
+                 checkpointing: str = "off"):
         super().__init__()
         self.module = model
         self.sp_size = _resolve_sp_size(sp_size, group)
@@ -77,6 +78,9 @@ class AutospModule(torch.nn.Module):
         self.dump_dir = dump_dir
         self.verbose = verbose
         self.backend = backend
+        if checkpointing not in ("off", "full"):
+            raise AutospError(f"checkpointing must be 'off' or 'full', got '{checkpointing}'")
+        self.checkpointing = checkpointing
         self._programs: dict[object, CompiledProgram] = {}
         self.group_name = "sp"
         self.grad_sync = None
@@ -137,7 +141,8 @@ class AutospModule(torch.nn.Module):
             print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
                   f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
                   file=sys.stderr)
-        program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+        program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
+                                  checkpointing=self.checkpointing)
         if self.backend is not None:
             # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
             program.runner = torch.compile(gm, backend=self.backend, dynamic=True, fullgraph=True)
@@ -173,7 +178,8 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     graph), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
     autosp also averages gradients over the data-parallel replicas; pass False when wrapping
     the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
-    which then does it). ``sp_size=1`` is an exact round trip.
+    which then does it), ``checkpointing`` (``"off"`` or ``"full"``: save only the inputs and
+    recompute the forward during backward). ``sp_size=1`` is an exact round trip.
 
     Example::
 

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true", help="compile the emitted module with Inductor")
+    p.add_argument("--checkpointing", choices=["off", "full"], default="off",
+                   help="full: recompute the forward in backward instead of saving activations")
     p.add_argument("--verify", action="store_true", help="train the single-device model alongside on rank 0")
     p.add_argument("--data", help="text file, or tokenised .npy/.bin (uint16) file")
     p.add_argument("--seed", type=int, default=0)
@@ -111,7 +113,8 @@ def main(argv=None) -> int:
     reference = copy.deepcopy(model) if args.verify and rank == 0 else None
     n_params = sum(p.numel() for p in model.parameters())
     t0 = time.perf_counter()
-    sp_model = autosp.compile(model, sp_size=sp, backend="inductor" if args.compile else None)
+    sp_model = autosp.compile(model, sp_size=sp, backend="inductor" if args.compile else None,
+                              checkpointing=args.checkpointing)
     opt = torch.optim.AdamW(sp_model.parameters(), lr=args.lr, weight_decay=0.0)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=args.lr, weight_decay=0.0) if reference else None
     tokens = load_tokens(args.data, cfg.vocab)

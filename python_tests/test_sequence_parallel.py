@@ -64,7 +64,8 @@ def _body(rank, world, queue, name, seqs, seed, sabotage):
     torch.manual_seed(seed)
     model, seq_dim = _model(name)
     reference = copy.deepcopy(model)
-    compiled = autosp.compile(model, seq_dim=seq_dim, gather_outputs=True)
+    compiled = autosp.compile(model, seq_dim=seq_dim, gather_outputs=True,
+                              checkpointing="full" if "checkpointed" in name else "off")
     if sabotage == "no_grad_sync":
         compiled.grad_sync.enabled = False
     result = {}
@@ -83,7 +84,7 @@ CASES = [
     ("sdpa_block", 2, (16, 15)), ("sdpa_block", 4, (16, 33)), ("sdpa_block_seq_first", 2, (15,)),
     ("sdpa_gqa1", 4, (16,)), ("sdpa_gqa2", 4, (15,)),
     ("llama", 2, (16, 15)), ("llama_gqa", 4, (33, 16)), ("llama_position_ids", 2, (15,)),
-    ("llama_shifted_outside", 2, (16,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
+    ("llama_shifted_outside", 2, (16,)), ("llama_checkpointed", 2, (15,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
 ]
 
 
