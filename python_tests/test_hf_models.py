@@ -91,3 +91,23 @@ def test_three_adamw_steps_match_single_device_training(_fresh_seed):
     results = run_ranks(_body, 2, args=("llama", "sdpa", 16, "", _fresh_seed % 10000, 3), timeout=300)
     for rank, r in results.items():
         assert r["params"] <= 1e-4, f"rank {rank}: parameters after 3 AdamW steps differ by {r['params']:.2e}"
+
+
+def _family_body(rank, world, queue, family, seed):
+    import autosp
+    from autosp.testing.parity import parity
+    torch.manual_seed(seed)
+    config = getattr(transformers, family + "Config")(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, use_cache=False, attn_implementation="sdpa")
+    model = getattr(transformers, family + "ForCausalLM")(config)
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    ids, kwargs = _batch(15, "", torch.Generator().manual_seed(seed))
+    queue.put((rank, parity(reference, compiled, input_ids=ids, **kwargs).max_error))
+
+
+@pytest.mark.parametrize("family", ["Mistral", "Qwen2", "Qwen3", "Gemma"])
+def test_other_decoder_families_follow_the_same_conventions(family, _fresh_seed):
+    results = run_ranks(_family_body, 2, args=(family, _fresh_seed % 10000), timeout=300)
+    assert max(results.values()) <= TOL, results
