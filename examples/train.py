@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=5))
     if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("WORLD_SIZE", 1)))))
+        default = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("WORLD_SIZE", 1))))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", default)))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     sp = args.sp or world
     if world % sp:
