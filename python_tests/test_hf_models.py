@@ -66,7 +66,15 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
                 o.zero_grad()
                 m(input_ids=ids, **kwargs).loss.backward()
                 o.step()
-        result["params"] = max(relative_error(q, p) for p, q in zip(reference.parameters(), model.parameters()))
+        # Relative L2 distance over all parameters. (Adam normalises each element, so an
+        # element whose gradient sits at the fp32 rounding floor (~1e-8) takes a +-lr step
+        # either way; an element-wise max would measure those coin flips, not the training.)
+        num = sum(float((q.detach() - p.detach()).double().pow(2).sum())
+                  for p, q in zip(reference.parameters(), model.parameters()))
+        den = sum(float(p.detach().double().pow(2).sum()) for p in reference.parameters())
+        result["params"] = (num / den) ** 0.5
+        result["params_max_elementwise"] = max(relative_error(q, p)
+                                               for p, q in zip(reference.parameters(), model.parameters()))
     queue.put((rank, result))
 
 
@@ -87,7 +95,8 @@ def test_hf_model_matches_single_device(kind, attn, world, seq, extra, _fresh_se
         assert r["a2a"] == 8, "4 all-to-alls per layer, 2 layers"
 
 
-def test_three_adamw_steps_match_single_device_training(_fresh_seed):
+@pytest.mark.parametrize("repeat", range(3))
+def test_three_adamw_steps_match_single_device_training(repeat, _fresh_seed):
     results = run_ranks(_body, 2, args=("llama", "sdpa", 16, "", _fresh_seed % 10000, 3), timeout=300)
     for rank, r in results.items():
         assert r["params"] <= 1e-4, f"rank {rank}: parameters after 3 AdamW steps differ by {r['params']:.2e}"
