@@ -170,7 +170,7 @@ class _Materializer:
         func = main_func(self.module)
         for op in list(body_ops(func)):
             name = op_name(op)
-            if name.startswith(_PASS_THROUGH) or not op.results or name == "autosp.local_len":
+            if name.startswith(_PASS_THROUGH) or not op.results:
                 if name == "func.return":
                     self.returned = op
                 continue
@@ -337,7 +337,7 @@ class _Materializer:
         dim %= len(src_entries)
         if dim != lay.dim:
             return False
-        start, end, step = (self.bound(op, v) for v in op.operands[2:5])
+        start, end, step = (self.bound(op, v, d) for v, d in zip(op.operands[2:5], (0, _BIG, 1)))
         if step != 1:
             raise DiagnosticError.at(op, "slices the sequence with a step; autosp supports step 1")
         length = 1000 - lay.lo - lay.trim  # evaluated at S = 1000
@@ -359,17 +359,18 @@ class _Materializer:
         raise DiagnosticError.at(op, "slices the sequence to a fixed length; autosp supports slices that "
                                      "trim a constant number of positions from either end")
 
-    def bound(self, op, value) -> int:
+    def bound(self, op, value, default: int) -> int:
+        """A slice bound as an int, S-relative bounds evaluated at S = 1000 (None: ``default``)."""
         c = const_int(value)
         if c is not None:
             return c
-        if isinstance(value.owner, ir.Block) or op_name(value.owner) == "torch.constant.none":
-            return _BIG if not isinstance(value.owner, ir.Block) else None
+        if not isinstance(value.owner, ir.Block) and op_name(value.owner) == "torch.constant.none":
+            return default
         expr = self.info.scalars.get(value)
         lin = _linear_in_s(expr) if expr else None
         if lin is None or lin[0] != 1:
             raise DiagnosticError.at(op, "slices the sequence with a bound autosp cannot evaluate")
-        return 1000 + lin[1]  # S + c at S = 1000 (slice arithmetic is evaluated there)
+        return 1000 + lin[1]
 
 
 def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "sp",
