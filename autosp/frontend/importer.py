@@ -34,12 +34,14 @@ from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 
 # Ops kept whole: attention is what autosp partitions, softmax is what it matches in
-# manual attention.
-_KEEP_WHOLE = ("scaled_dot_product", "softmax")
+# manual attention; activations, because their decompositions save more for backward.
+_KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu")
 
 
 # torch-mlir's backend pipeline decomposes these unless told they are legal.
-BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", "aten.scaled_dot_product_attention")
+BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", "aten.scaled_dot_product_attention",
+                     # activations kept whole: their decompositions save more tensors for backward
+                     "aten.silu", "aten.gelu")
 
 
 def decomposition_table() -> dict:
