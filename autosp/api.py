@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autosp.backend.fx_emitter import emit_graph_module
+from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import import_model
 from autosp.ir.diagnostics import AutospError
@@ -29,6 +30,7 @@ from autosp.runtime import collectives
 from autosp.runtime.grad_sync import GradientSync
 
 ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
+CHECKPOINTING = ("off", "sac", "full")
 
 
 def _sequence_parallel_group(sp_size: int, group):
@@ -78,8 +80,9 @@ class AutospModule(torch.nn.Module):
         self.dump_dir = dump_dir
         self.verbose = verbose
         self.backend = backend
-        if checkpointing not in ("off", "full"):
-            raise AutospError(f"checkpointing must be 'off' or 'full', got '{checkpointing}'")
+        if checkpointing not in CHECKPOINTING:
+            raise AutospError(f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING))}, "
+                              f"got {checkpointing!r}")
         self.checkpointing = checkpointing
         self._programs: dict[object, CompiledProgram] = {}
         self.group_name = "sp"
@@ -130,6 +133,9 @@ class AutospModule(torch.nn.Module):
                                      f"builtin.module(autosp-sp-pipeline{{sp-size={self.sp_size} "
                                      f"gather-outputs={str(self.gather_outputs).lower()}}})")
         run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=self.dump_dir))
+        if self.checkpointing != "off":
+            run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={self.checkpointing}}})",
+                         PipelineOptions(dump_dir=self.dump_dir))
         t_pipeline = time.perf_counter() - t0
         mlir["transformed"] = str(imported.module)
         t0 = time.perf_counter()
@@ -143,9 +149,16 @@ class AutospModule(torch.nn.Module):
                   file=sys.stderr)
         program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
                                   checkpointing=self.checkpointing)
+        compile_ = None
         if self.backend is not None:
             # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
-            program.runner = torch.compile(gm, backend=self.backend, dynamic=True, fullgraph=True)
+            def compile_(g):
+                return torch.compile(g, backend=self.backend, dynamic=True, fullgraph=True)
+        if has_plan(gm):
+            # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
+            program.runner = checkpointed_module(gm, compile_segment=compile_)
+        elif compile_ is not None:
+            program.runner = compile_(gm)
         return program
 
     # ------------------------------------------------------------------ calling
@@ -178,8 +191,9 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     graph), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
     autosp also averages gradients over the data-parallel replicas; pass False when wrapping
     the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
-    which then does it), ``checkpointing`` (``"off"`` or ``"full"``: save only the inputs and
-    recompute the forward during backward). ``sp_size=1`` is an exact round trip.
+    which then does it), ``checkpointing`` (``"off"``; ``"sac"``: sequence-aware, keep attention and its
+    collectives, recompute the rest of each layer in backward; ``"full"``: keep only each
+    layer's input and recompute the whole layer; see docs/user_guide.md). ``sp_size=1`` is an exact round trip.
 
     Example::
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
+from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
@@ -16,6 +17,7 @@ PASSES: dict[str, type[ModulePass]] = {
     p.name: p
     for p in (
         AnnotateSequence,
+        Checkpoint,
         DeadCodeElimination,
         PartitionAttention,
         SequenceParallelPipeline,

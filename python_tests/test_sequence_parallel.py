@@ -23,7 +23,7 @@ def _model(name):
         return AttentionBlock(32, 4, seq_first=True), 0
     if name.startswith("sdpa_gqa"):  # sdpa_gqa1 / sdpa_gqa2: SDPA's enable_gqa with 1 or 2 KV heads
         return AttentionBlock(64, 8, kv_heads=int(name[-1])), 1
-    if name == "gpt2":  # manual attention, causal mask from a buffer, learned positions
+    if name.startswith("gpt2"):  # manual attention, causal mask from a buffer, learned positions
         from autosp.testing.models import GPT2Config, GPT2Like
         return GPT2Like(GPT2Config(vocab=64, hidden=32, layers=2, heads=4)), 1
     if name.startswith("llama"):
@@ -65,7 +65,7 @@ def _body(rank, world, queue, name, seqs, seed, sabotage):
     model, seq_dim = _model(name)
     reference = copy.deepcopy(model)
     compiled = autosp.compile(model, seq_dim=seq_dim, gather_outputs=True,
-                              checkpointing="full" if "checkpointed" in name else "off")
+                              checkpointing=name.rsplit("_", 1)[1] if name.endswith(("_sac", "_full")) else "off")
     if sabotage == "no_grad_sync":
         compiled.grad_sync.enabled = False
     result = {}
@@ -84,7 +84,8 @@ CASES = [
     ("sdpa_block", 2, (16, 15)), ("sdpa_block", 4, (16, 33)), ("sdpa_block_seq_first", 2, (15,)),
     ("sdpa_gqa1", 4, (16,)), ("sdpa_gqa2", 4, (15,)),
     ("llama", 2, (16, 15)), ("llama_gqa", 4, (33, 16)), ("llama_position_ids", 2, (15,)),
-    ("llama_shifted_outside", 2, (16,)), ("llama_checkpointed", 2, (15,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
+    ("llama_shifted_outside", 2, (16,)), ("llama_gqa_sac", 2, (15,)), ("llama_full", 2, (16,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
+    ("gpt2_sac", 2, (15,)),
 ]
 
 

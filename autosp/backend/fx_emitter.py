@@ -129,10 +129,28 @@ class _Emitter:
         for i, arg in enumerate(block.arguments):
             self.values[arg] = self.graph.placeholder(f"arg{i}")
         for op in body_ops(self.func):
+            last = self.graph._root.prev
             self.emit_op(op)
+            self._copy_plan(op, last)
         gm = torch.fx.GraphModule(self.root, self.graph)
         gm.graph.lint()
         return gm
+
+    def _copy_plan(self, op, last) -> None:
+        """Checkpoint plan attributes (``autosp-checkpoint``) onto the op's new nodes."""
+        plan = {}
+        if "autosp.segment" in op.attributes:
+            plan["autosp_segment"] = op.attributes["autosp.segment"].value
+        if "autosp.save" in op.attributes:
+            plan["autosp_save"] = True
+        if "autosp.region" in op.attributes:
+            plan["autosp_region"] = op.attributes["autosp.region"].value
+        if not plan:
+            return
+        node = last.next
+        while node is not self.graph._root:
+            node.meta.update(plan)
+            node = node.next
 
     def emit_op(self, op) -> None:
         name = op_name(op)
@@ -168,7 +186,8 @@ class _Emitter:
         elif name in _AUTOSP_OPS:
             fn, operand_names = _AUTOSP_OPS[name]
             kwargs = {n: self.get(v, op) for n, v in zip(operand_names, op.operands)}
-            kwargs.update({n: _attr_value(op.attributes[n]) for n in op.attributes})
+            kwargs.update({n: _attr_value(op.attributes[n]) for n in op.attributes
+                           if not n.startswith("autosp.")})  # autosp.* are plan annotations
             self.values[op.results[0]] = self.graph.call_function(fn, (), kwargs)
         elif name.startswith("torch."):
             self.emit_torch_op(op, name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
 from autosp.frontend.importer import ArgInfo
@@ -25,7 +24,7 @@ class CompiledProgram:
     mlir: dict[str, str] = field(default_factory=dict)  # IR text per stage ("imported", "transformed")
     timings: dict[str, float] = field(default_factory=dict)
     runner: object = None  # what is called: the GraphModule, or a torch.compile'd version of it
-    checkpointing: str = "off"  # "full": keep only the inputs, recompute the forward in backward
+    checkpointing: str = "off"  # "sac" / "full": the runner recomputes planned segments in backward
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
@@ -40,10 +39,5 @@ class CompiledProgram:
     def __call__(self, model: torch.nn.Module, leaves: list) -> object:
         inputs = [leaves[i] for i in self.tensor_leaves]
         run = self.runner if self.runner is not None else self.graph_module
-        if self.checkpointing == "full" and torch.is_grad_enabled():
-            # Every rank recomputes the same program, collectives included, in the same order.
-            outputs = torch.utils.checkpoint.checkpoint(run, *self.state_tensors(model), *inputs,
-                                                        use_reentrant=False)
-        else:
-            outputs = run(*self.state_tensors(model), *inputs)
+        outputs = run(*self.state_tensors(model), *inputs)
         return pytree.tree_unflatten(list(outputs), self.out_spec)

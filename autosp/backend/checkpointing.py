@@ -1,0 +1,114 @@
+"""Apply a checkpoint plan (``autosp-checkpoint``) to an emitted GraphModule.
+
+The plan marks each node with ``autosp_segment`` (recompute) or ``autosp_save`` (keep).
+:func:`checkpointed_module` splits the graph into one submodule per segment and one per
+kept op (``torch.fx.passes.split_module``), then wraps every segment in
+:class:`Recompute`: its forward runs without building a graph and keeps only its
+inputs; during backward it runs again with gradients and back-propagates through the
+fresh graph (like ``torch.utils.checkpoint``'s reentrant mode, but also under
+``torch.autograd.grad``). Kept ops (attention,
+collectives) run as usual, so autograd saves what their backward needs and nothing
+else is recomputed. Inputs go through ``ctx.save_for_backward``, so
+``saved_tensors_hooks`` (and :mod:`autosp.memory`) see exactly what is kept.
+
+Example::
+
+    >>> run = checkpointed_module(gm)        # same signature and results as gm
+    >>> loss = run(*state, *inputs)[-1]; loss.backward()
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+
+class _RecomputeFunction(torch.autograd.Function):
+    """Forward without a graph, keeping only the inputs; backward recomputes and
+    differentiates. Uses ``torch.autograd.grad`` inside, so it works under both
+    ``loss.backward()`` and ``torch.autograd.grad``; the RNG state is replayed."""
+
+    @staticmethod
+    def forward(ctx, fn, *args):
+        ctx.fn = fn
+        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
+        ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
+        ctx.requires = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+        ctx.save_for_backward(*[a for a, t in zip(args, ctx.is_tensor) if t])
+        ctx.devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
+        ctx.cpu_rng = torch.get_rng_state()
+        ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.devices]
+        outputs = fn(*args)
+        ctx.single = not isinstance(outputs, tuple)
+        outputs = (outputs,) if ctx.single else outputs
+        ctx.mark_non_differentiable(*[o for o in outputs if isinstance(o, torch.Tensor)
+                                      and not (o.is_floating_point() or o.is_complex())])
+        return outputs[0] if ctx.single else outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = iter(ctx.saved_tensors)
+        args = []
+        for is_tensor, other, requires in zip(ctx.is_tensor, ctx.others, ctx.requires):
+            args.append(next(saved).detach().requires_grad_(requires) if is_tensor else other)
+        with torch.random.fork_rng(devices=ctx.devices):
+            torch.set_rng_state(ctx.cpu_rng)
+            for d, state in zip(ctx.devices, ctx.cuda_rng):
+                torch.cuda.set_rng_state(state, d)
+            with torch.enable_grad():
+                outputs = ctx.fn(*args)
+        outputs = (outputs,) if ctx.single else outputs
+        pairs = [(o, g) for o, g in zip(outputs, grads)
+                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        wanted = [a for a, r in zip(args, ctx.requires) if r]
+        found = [None] * len(wanted)
+        if pairs and wanted:
+            found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        found = iter(found)
+        return (None, *[next(found) if r else None for r in ctx.requires])
+
+
+class Recompute(torch.nn.Module):
+    """Run ``inner`` keeping only its inputs for backward (recomputed then), when a
+    gradient is needed; else just run it."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return _RecomputeFunction.apply(self.inner, *args)
+        return self.inner(*args)
+
+
+def has_plan(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm``'s nodes carry a checkpoint plan."""
+    return any("autosp_segment" in n.meta for n in gm.graph.nodes)
+
+
+def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch.fx.GraphModule:
+    """``gm`` with every planned segment recomputed in backward (see the module docstring).
+
+    ``compile_segment`` (optional) maps each segment's GraphModule to what is called
+    instead (e.g. ``torch.compile``)."""
+    kept: dict[torch.fx.Node, str] = {}
+
+    def partition(node: torch.fx.Node) -> str:
+        if "autosp_segment" in node.meta:
+            return f"segment{node.meta['autosp_segment']}"
+        # Kept ops, and anything unplanned (getitem of a kept op's tuple), run as is.
+        source = node
+        if node.op == "call_function" and node.target.__name__ == "getitem" and isinstance(node.args[0], torch.fx.Node):
+            source = node.args[0]
+            if "autosp_segment" in source.meta:
+                return f"segment{source.meta['autosp_segment']}"
+        return kept.setdefault(source, f"keep{len(kept)}")
+
+    split = split_module(gm, gm, partition)
+    for name, child in list(split.named_children()):
+        if name.startswith("submod_segment"):
+            inner = compile_segment(child) if compile_segment is not None else child
+            setattr(split, name, Recompute(inner))
+    split.meta["autosp_segments"] = sum(1 for n, _ in split.named_children() if n.startswith("submod_segment"))
+    return split
