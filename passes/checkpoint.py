@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autosp.ir.checkpoint import plan_checkpoints
-from autosp.ir.pass_base import ModulePass
+from autosp.ir.checkpoint import MODES, plan_checkpoints
+from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class Checkpoint(ModulePass):
 
     name: ClassVar[str] = "autosp-checkpoint"
     mode: str = "sac"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise PassOptionError(f"option 'mode' of pass '{self.name}' must be one of "
+                                  f"{', '.join(MODES)}, got '{self.mode}'")
 
     def apply(self, module) -> None:
         plan_checkpoints(module, self.mode)

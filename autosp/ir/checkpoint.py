@@ -123,7 +123,8 @@ def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
     func = main_func(module)
     if mode not in MODES:
         raise DiagnosticError.at(func, f"unknown checkpointing mode '{mode}' (expected one of: {', '.join(MODES)})")
-    ops = [op for op in body_ops(func) if op_name(op) not in _IGNORED]
+    ops = [op for op in body_ops(func)
+           if op_name(op) not in _IGNORED and not op_name(op).startswith("torch.constant.")]
     markers = _layer_markers(ops)
     if not markers:
         raise DiagnosticError.at(func, "has no attention op to checkpoint around (found no "

@@ -7,6 +7,8 @@
 // CHECK:      autosp passes:
 // CHECK-NEXT:   autosp-annotate-sequence{{ +}}Mark every dimension that is the sequence
 // CHECK-NEXT:     require-attention (bool, default True)
+// CHECK-NEXT:   autosp-checkpoint{{ +}}Plan activation checkpointing
+// CHECK-NEXT:     mode (str, default sac)
 // CHECK-NEXT:   autosp-dce{{ +}}Erase torch ops
 // CHECK-NEXT:   autosp-partition-attention{{ +}}Wrap each attention op in Ulysses all-to-alls
 // CHECK-NEXT:     sp-size (int, default 2)

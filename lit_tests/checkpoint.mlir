@@ -1,0 +1,61 @@
+// RUN: autosp-opt %s --split-input-file --autosp-checkpoint=mode=sac | FileCheck %s
+// RUN: autosp-opt %s --split-input-file --autosp-checkpoint=mode=full | FileCheck %s --check-prefix=FULL
+
+// Two attention layers. The region cut falls after the first residual add, where only
+// the residual stream %h crosses. sac: attention and collectives are kept
+// (autosp.save); the rest of each layer forms segments, split at every kept op.
+// full: one segment per region, attention included.
+// CHECK-LABEL: func.func @two_layers
+// CHECK:      %[[Q:.*]] = torch.aten.neg %arg0 {autosp.region = 0 : i64, autosp.segment = 0 : i64}
+// CHECK:      %[[A:.*]] = "autosp.all_to_all"(%[[Q]]) {autosp.region = 0 : i64, autosp.save
+// CHECK:      torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 0 : i64, autosp.save}
+// CHECK:      %[[H:.*]] = torch.aten.add.Tensor {{.*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64}
+// CHECK:      torch.aten.neg %[[H]] {autosp.region = 1 : i64, autosp.segment = 2 : i64}
+// CHECK:      torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 1 : i64, autosp.save}
+// CHECK:      torch.aten.add.Tensor {{.*}} {autosp.region = 1 : i64, autosp.segment = 3 : i64}
+// FULL-LABEL: func.func @two_layers
+// FULL-NOT:   autosp.save
+// FULL:       "autosp.all_to_all"{{.*}} {autosp.region = 0 : i64, autosp.segment = 0 : i64
+// FULL:       torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 0 : i64, autosp.segment = 0 : i64}
+// FULL:       torch.aten.add.Tensor {{.*}} {autosp.region = 0 : i64, autosp.segment = 0 : i64}
+// FULL:       torch.aten.neg {{.*}} {autosp.region = 1 : i64, autosp.segment = 1 : i64}
+// FULL:       torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 1 : i64, autosp.segment = 1 : i64}
+func.func @two_layers(%arg0: !torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %int1 = torch.constant.int 1
+  %q = torch.aten.neg %arg0 : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  %a = "autosp.all_to_all"(%q) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32>
+  %o = torch.aten.scaled_dot_product_attention %a, %a, %a, %none, %float0, %true, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  %b = "autosp.all_to_all"(%o) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+  %h = torch.aten.add.Tensor %b, %arg0, %int1 : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int -> !torch.vtensor<[2,4,?,8],f32>
+  %q2 = torch.aten.neg %h : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  %o2 = torch.aten.scaled_dot_product_attention %q2, %q2, %q2, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  %r = torch.aten.add.Tensor %o2, %h, %int1 : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int -> !torch.vtensor<[2,4,?,8],f32>
+  return %r : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// Hand-written attention: every op on an [.., S, S] tensor (scores, softmax, the
+// product with v) is attention and kept in sac mode.
+// CHECK-LABEL: func.func @manual
+// CHECK:      torch.aten.transpose.int {{.*}} autosp.segment = 0
+// CHECK:      torch.aten.matmul {{.*}} autosp.save
+// CHECK:      torch.aten._softmax {{.*}} autosp.save
+// CHECK:      torch.aten.matmul {{.*}} autosp.save
+// CHECK:      torch.aten.neg {{.*}} autosp.segment = 1
+func.func @manual(%x: !torch.vtensor<[2,?,8],f32>) -> !torch.vtensor<[2,?,8],f32> {
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %false = torch.constant.bool false
+  %int-1 = torch.constant.int -1
+  %t = torch.aten.transpose.int %x, %int1, %int2 : !torch.vtensor<[2,?,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,8,?],f32>
+  %s = torch.aten.matmul %x, %t : !torch.vtensor<[2,?,8],f32>, !torch.vtensor<[2,8,?],f32> -> !torch.vtensor<[2,?,?],f32>
+  %p = torch.aten._softmax %s, %int-1, %false : !torch.vtensor<[2,?,?],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,?,?],f32>
+  %o = torch.aten.matmul %p, %x : !torch.vtensor<[2,?,?],f32>, !torch.vtensor<[2,?,8],f32> -> !torch.vtensor<[2,?,8],f32>
+  %r = torch.aten.neg %o : !torch.vtensor<[2,?,8],f32> -> !torch.vtensor<[2,?,8],f32>
+  return %r : !torch.vtensor<[2,?,8],f32>
+}
