@@ -6,6 +6,9 @@ Public API::
     autosp.import_model(model, *args, **kw)    # -> ImportedModel (torch-dialect MLIR + argument records)
     autosp.run_pipeline(module, "builtin.module(autosp-dce)")
     autosp.emit_graph_module(module)           # -> torch.fx.GraphModule
+    autosp.estimate_memory("8b", seq_len=131072, sp_size=8, checkpointing="sac")  # -> MemoryEstimate
+    autosp.max_context(80 * 2**30, "8b", sp_size=8, checkpointing="sac")          # -> tokens
+    autosp.measure_step(lambda: model(ids, labels=ids)["loss"], model.parameters())  # -> MemoryReport
 
 Names are imported lazily, so tools that only touch the IR (``autosp-opt``) do not pay
 for importing torch's export machinery.
@@ -22,6 +25,8 @@ _EXPORTS = {
     "import_model": "autosp.frontend.importer", "ImportedModel": "autosp.frontend.importer",
     "AutospError": "autosp.ir.diagnostics", "DiagnosticError": "autosp.ir.diagnostics",
     "run_pipeline": "autosp.pipeline", "PipelineError": "autosp.pipeline",
+    "estimate_memory": "autosp.estimate", "max_context": "autosp.estimate", "MemoryEstimate": "autosp.estimate",
+    "measure_step": "autosp.memory", "MemoryReport": "autosp.memory",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

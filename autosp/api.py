@@ -59,6 +59,49 @@ def _resolve_sp_size(sp_size: int | None, group) -> int:
     return sp_size
 
 
+def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
+                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
+                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off") -> CompiledProgram:
+    """Export ``model`` on these example inputs, run the pass pipeline for ``sp_size`` ranks
+    (plus ``autosp-checkpoint`` unless ``checkpointing="off"``) and emit the program.
+    Needs no process group: the program looks its group up when it runs."""
+    start = time.perf_counter()
+    imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
+    mlir = {"imported": str(imported.module)}
+    t0 = time.perf_counter()
+    pipeline = pipeline or (ROUND_TRIP_PIPELINE if sp_size == 1 else
+                            f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} "
+                            f"gather-outputs={str(gather_outputs).lower()}}})")
+    run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
+    if checkpointing != "off":
+        run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})",
+                     PipelineOptions(dump_dir=dump_dir))
+    t_pipeline = time.perf_counter() - t0
+    mlir["transformed"] = str(imported.module)
+    t0 = time.perf_counter()
+    gm = emit_graph_module(imported.module)
+    t_emit = time.perf_counter() - t0
+    timings = dict(imported.timings, pipeline_s=t_pipeline, emit_s=t_emit,
+                   total_s=time.perf_counter() - start)
+    if verbose:
+        print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
+              f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
+              file=sys.stderr)
+    program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
+                              checkpointing=checkpointing)
+    compile_ = None
+    if backend is not None:
+        # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
+        def compile_(g):
+            return torch.compile(g, backend=backend, dynamic=True, fullgraph=True)
+    if has_plan(gm):
+        # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
+        program.runner = checkpointed_module(gm, compile_segment=compile_)
+    elif compile_ is not None:
+        program.runner = compile_(gm)
+    return program
+
+
 class AutospModule(torch.nn.Module):
     """Wraps the user's model; compiles it per input signature at the first call.
 
@@ -125,41 +168,9 @@ class AutospModule(torch.nn.Module):
         return program
 
     def _compile(self, args, kwargs) -> CompiledProgram:
-        start = time.perf_counter()
-        imported = import_model(self.module, *args, seq_dim=self.seq_dim, **kwargs)
-        mlir = {"imported": str(imported.module)}
-        t0 = time.perf_counter()
-        pipeline = self.pipeline or (ROUND_TRIP_PIPELINE if self.sp_size == 1 else
-                                     f"builtin.module(autosp-sp-pipeline{{sp-size={self.sp_size} "
-                                     f"gather-outputs={str(self.gather_outputs).lower()}}})")
-        run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=self.dump_dir))
-        if self.checkpointing != "off":
-            run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={self.checkpointing}}})",
-                         PipelineOptions(dump_dir=self.dump_dir))
-        t_pipeline = time.perf_counter() - t0
-        mlir["transformed"] = str(imported.module)
-        t0 = time.perf_counter()
-        gm = emit_graph_module(imported.module)
-        t_emit = time.perf_counter() - t0
-        timings = dict(imported.timings, pipeline_s=t_pipeline, emit_s=t_emit,
-                       total_s=time.perf_counter() - start)
-        if self.verbose:
-            print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
-                  f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
-                  file=sys.stderr)
-        program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
-                                  checkpointing=self.checkpointing)
-        compile_ = None
-        if self.backend is not None:
-            # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
-            def compile_(g):
-                return torch.compile(g, backend=self.backend, dynamic=True, fullgraph=True)
-        if has_plan(gm):
-            # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
-            program.runner = checkpointed_module(gm, compile_segment=compile_)
-        elif compile_ is not None:
-            program.runner = compile_(gm)
-        return program
+        return build_program(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
+                             gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
+                             verbose=self.verbose, backend=self.backend, checkpointing=self.checkpointing)
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):

@@ -74,11 +74,25 @@ class PeakTracker(TorchDispatchMode):
         self.external: set[int] = set()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.set_aside: set[int] = set()  # live storages left out of peak_other_bytes
+        self.set_aside_bytes = 0
+        self.peak_other_bytes = 0  # peak of live bytes not set aside (e.g. without gradients)
+
+    def set_aside_tensor(self, t: torch.Tensor) -> None:
+        """Leave ``t``'s storage out of ``peak_other_bytes`` from now on (e.g. a gradient)."""
+        key = _storage_key(t)
+        if key in self.live and key not in self.set_aside:
+            self.set_aside.add(key)
+            self.set_aside_bytes += self.live[key][1]
 
     def _sweep(self) -> None:
         dead = [k for k, (ref, _) in self.live.items() if ref.expired()]
         for k in dead:
-            self.live_bytes -= self.live.pop(k)[1]
+            n = self.live.pop(k)[1]
+            self.live_bytes -= n
+            if k in self.set_aside:
+                self.set_aside.discard(k)
+                self.set_aside_bytes -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -97,6 +111,7 @@ class PeakTracker(TorchDispatchMode):
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.live_bytes += storage.nbytes()
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.peak_other_bytes = max(self.peak_other_bytes, self.live_bytes - self.set_aside_bytes)
         return out
 
     def current(self) -> int:

@@ -26,14 +26,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import autosp  # noqa: E402
-from autosp.testing.models import LlamaConfig, LlamaLike  # noqa: E402
+from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
 
-SIZES = {  # Llama-style configurations, from a CPU demo to Llama-3-8B's shape
-    "tiny": dict(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172),
-    "small": dict(vocab=1024, hidden=256, layers=4, heads=8, kv_heads=4, ffn=768),
-    "1b": dict(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192),
-    "8b": dict(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336),
-}
+SIZES = LLAMA_PRESETS  # tiny, small, 1b, 8b (Llama-3-8B's shape)
 
 
 def parse_args(argv=None):

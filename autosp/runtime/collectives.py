@@ -25,6 +25,42 @@ import torch
 import torch.distributed as dist
 
 _GROUPS: dict[str, object] = {}
+_SIMULATED: list = []  # [(size, rank)] while simulate() is active
+
+
+class simulate:
+    """Context manager: every group has ``size`` ranks and this process is ``rank``; the
+    collectives return tensors of the right shape without communicating (their contents
+    are undefined). For the memory model, which runs programs on meta tensors.
+
+    Example::
+
+        with collectives.simulate(8, rank=0):
+            loss = program(model, leaves)      # as rank 0 of 8, no process group needed
+    """
+
+    def __init__(self, size: int, rank: int = 0):
+        self.size, self.rank = size, rank
+
+    def __enter__(self):
+        _SIMULATED.append((self.size, self.rank))
+        return self
+
+    def __exit__(self, *exc):
+        _SIMULATED.pop()
+
+
+class _SimulatedExchange(torch.autograd.Function):
+    """Shape-only stand-in for a collective: ``numel`` elements out, ``x``'s shape back."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        return x.new_empty(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty(ctx.shape), None
 
 
 def register_group(name: str, group) -> None:
@@ -34,6 +70,8 @@ def register_group(name: str, group) -> None:
 
 def group_size(name: str) -> int:
     """Ranks in group ``name`` (1 when torch.distributed is not initialised)."""
+    if _SIMULATED:
+        return _SIMULATED[-1][0]
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     return dist.get_world_size(_GROUPS.get(name))
@@ -41,6 +79,8 @@ def group_size(name: str) -> int:
 
 def group_rank(name: str) -> int:
     """This rank's index in group ``name`` (0 when torch.distributed is not initialised)."""
+    if _SIMULATED:
+        return _SIMULATED[-1][1]
     if not (dist.is_available() and dist.is_initialized()):
         return 0
     return dist.get_rank(_GROUPS.get(name))
@@ -153,7 +193,10 @@ def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, g
         s[concat_dim] = e
         shapes.append(s)
     out_splits = [int(torch.Size(s).numel()) for s in shapes]
-    received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
+    if _SIMULATED:
+        received = _SimulatedExchange.apply(send, (sum(out_splits),))
+    else:
+        received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
     pieces = torch.split(received, out_splits)
     return torch.cat([piece.view(s) for piece, s in zip(pieces, shapes)], dim=concat_dim)
 
@@ -165,6 +208,8 @@ class _AllReduceLocalBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, reduce_op, group):
         from torch.distributed._functional_collectives import all_reduce as _all_reduce, wait_tensor
+        if _SIMULATED:
+            return x.clone()
         return wait_tensor(_all_reduce(x.contiguous(), reduce_op, _group(group)))
 
     @staticmethod
@@ -195,7 +240,8 @@ class _AllGatherLocalBackward(torch.autograd.Function):
             pad_shape[dim] = longest - x.shape[dim]
             padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
         gathered = [torch.empty_like(padded) for _ in range(p)]
-        dist.all_gather(gathered, padded.contiguous(), group=_group(group))
+        if not _SIMULATED:
+            dist.all_gather(gathered, padded.contiguous(), group=_group(group))
         ctx.dim, ctx.offset, ctx.length = dim, spans[r][0] - spans[0][0], spans[r][1] - spans[r][0]
         return torch.cat([g.narrow(dim, 0, b - a) for g, (a, b) in zip(gathered, spans)], dim=dim)
 
@@ -224,4 +270,8 @@ def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> tor
     if group_size(group) == 1:
         return x
     from torch.distributed._functional_collectives import reduce_scatter_tensor_autograd
+    if _SIMULATED:
+        shape = list(x.shape)
+        shape[dim % x.dim()] //= group_size(group)
+        return _SimulatedExchange.apply(x, tuple(shape))
     return reduce_scatter_tensor_autograd(x.contiguous(), reduce_op, dim % x.dim(), _group(group))

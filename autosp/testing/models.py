@@ -42,6 +42,16 @@ class LlamaConfig:
         return self.hidden // self.heads
 
 
+# Llama-style configurations, from a CPU demo to Llama-3-8B's shape (examples/train.py's
+# --size, autosp.estimate_memory's presets).
+LLAMA_PRESETS = {
+    "tiny": dict(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172),
+    "small": dict(vocab=1024, hidden=256, layers=4, heads=8, kv_heads=4, ffn=768),
+    "1b": dict(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192),  # Llama-3.2-1B's body
+    "8b": dict(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tie_embeddings=False),
+}
+
+
 def init_weights(model: nn.Module, std: float = 0.02) -> None:
     """GPT-style initialisation (normal(0, std) weights, zero biases), so losses start near log(vocab)."""
     for m in model.modules():
@@ -97,7 +107,7 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.to(q.dtype).unsqueeze(1), sin.to(q.dtype).unsqueeze(1)  # as HF: RoPE in the model's dtype
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if self.kv_heads != self.heads:

@@ -1,0 +1,228 @@
+"""The memory model: per-rank training memory of a compiled program, without the hardware.
+
+:func:`estimate_memory` compiles the model exactly as :func:`autosp.compile` would (same
+passes, same checkpoint plan), then runs one forward and backward on **meta tensors**
+(shapes, no data) as one rank of a simulated group
+(:class:`autosp.runtime.collectives.simulate`), counting with the same counters as the
+measurements (:mod:`autosp.memory`): bytes saved for backward, and peak live bytes. So a
+Llama-3-8B at a million tokens is estimated in seconds on a laptop.
+
+Attention is costed as a fused (flash) kernel: it keeps its inputs, output and
+log-sum-exp, never the S x S scores (PyTorch's CUDA and CPU kernels both do this). Model
+state is added analytically: parameters and gradients in the training dtype, and AdamW's
+fp32 moments (plus an fp32 master copy when training in 16 bits), optionally sharded
+ZeRO-style over ``state_shards`` ranks.
+
+Example::
+
+    >>> est = autosp.estimate_memory("8b", seq_len=131072, sp_size=8, dtype=torch.bfloat16,
+    ...                              checkpointing="sac")
+    >>> est.saved_bytes / 2**30, est.total_bytes(zero_stage=3, state_shards=8) / 2**30
+    >>> autosp.max_context(80 * 2**30, "8b", sp_size=8, checkpointing="sac")
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from autosp.memory import MiB, PeakTracker, SavedTensors
+
+GiB = 1 << 30
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-rank memory of one training step (bytes). ``peak_bytes`` is everything the
+    step allocates (activations, temporaries, parameter gradients), as measured by
+    :func:`autosp.memory.measure_step`; ``activation_peak_bytes`` leaves the gradients out
+    (they are counted in the model state instead)."""
+    seq_len: int
+    sp_size: int
+    dtype: torch.dtype
+    checkpointing: str
+    saved_bytes: int
+    peak_bytes: int
+    activation_peak_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    seconds: float = 0.0
+
+    def state_bytes(self, zero_stage: int = 0, state_shards: int = 1) -> int:
+        """Parameters + gradients + optimizer state per rank; ZeRO stage 1 shards the
+        optimizer state over ``state_shards`` ranks, 2 also the gradients, 3 also the
+        parameters."""
+        def share(n, stage):
+            return n // state_shards if zero_stage >= stage else n
+        return share(self.param_bytes, 3) + share(self.grad_bytes, 2) + share(self.optimizer_bytes, 1)
+
+    def total_bytes(self, zero_stage: int = 0, state_shards: int = 1) -> int:
+        """Model state plus the activation peak: what a rank needs for one step."""
+        return self.state_bytes(zero_stage, state_shards) + self.activation_peak_bytes
+
+    def row(self) -> str:
+        return (f"S={self.seq_len} P={self.sp_size} {self.checkpointing}: saved {self.saved_bytes / MiB:.1f} MiB, "
+                f"peak {self.peak_bytes / MiB:.1f} MiB, activation peak {self.activation_peak_bytes / MiB:.1f} MiB")
+
+
+def _meta_model(model_or_config, dtype: torch.dtype) -> torch.nn.Module:
+    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    if isinstance(model_or_config, str):
+        if model_or_config not in LLAMA_PRESETS:
+            raise ValueError(f"unknown model preset '{model_or_config}' (presets: {', '.join(LLAMA_PRESETS)})")
+        model_or_config = LlamaConfig(**LLAMA_PRESETS[model_or_config])
+    if isinstance(model_or_config, LlamaConfig):
+        with torch.device("meta"):
+            model = LlamaLike(model_or_config)
+    elif isinstance(model_or_config, torch.nn.Module):
+        model = model_or_config
+        if any(p.device.type != "meta" for p in model.parameters()):
+            model = copy.deepcopy(model).to("meta")
+    elif hasattr(model_or_config, "to_dict") and hasattr(model_or_config, "model_type"):  # a transformers config
+        from transformers import AutoModelForCausalLM
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_or_config, attn_implementation="sdpa")
+    else:
+        raise TypeError("estimate_memory expects an nn.Module, an autosp LlamaConfig, a transformers config "
+                        f"or a preset name, got {type(model_or_config).__name__}")
+    return model.to(dtype)
+
+
+def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """SDPA as a fused kernel (what CUDA and CPU run): saves output and log-sum-exp only."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+def _use_flash_attention(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.scaled_dot_product_attention.default:
+            node.target = _flash_sdpa
+    gm.recompile()
+
+
+def _loss_of(out):
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    if hasattr(out, "loss") and out.loss is not None:
+        return out.loss
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return leaves[0].float().sum()
+
+
+class MemoryModel:
+    """One model compiled for the memory model; :meth:`estimate` at any sequence length
+    (the program is symbolic in S, so it is compiled once)."""
+
+    def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+                 checkpointing: str = "off", batch: int = 1, rank: int = 0, optimizer: str = "adamw"):
+        from autosp.api import CHECKPOINTING, build_program
+        from autosp.backend.checkpointing import checkpointed_module, has_plan
+        from autosp.runtime import collectives
+        if checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
+        if optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+        self.model = _meta_model(model_or_config, dtype)
+        self.sp_size, self.dtype, self.checkpointing, self.batch, self.rank = sp_size, dtype, checkpointing, batch, rank
+        self.optimizer = optimizer
+        example = torch.zeros(batch, max(16, 4 * sp_size), dtype=torch.long, device="meta")
+        start = time.perf_counter()
+        with collectives.simulate(sp_size, rank):
+            self.program = build_program(self.model, (example,), {"labels": example}, sp_size=sp_size,
+                                         checkpointing=checkpointing)
+        _use_flash_attention(self.program.graph_module)
+        gm = self.program.graph_module
+        self.program.runner = checkpointed_module(gm) if has_plan(gm) else gm
+        self.compile_seconds = time.perf_counter() - start
+
+    def _state(self) -> tuple[int, int, int]:
+        params = {p.untyped_storage()._cdata: p for p in self.model.parameters()}.values()
+        n = sum(p.numel() for p in params if p.requires_grad)
+        size = torch.empty((), dtype=self.dtype).element_size()
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
+        grad_bytes = n * size
+        if self.optimizer == "adamw":
+            optimizer_bytes = n * 8 + (n * 4 if size < 4 else 0)  # fp32 moments (+ fp32 master weights)
+        else:
+            optimizer_bytes = n * 4 if size < 4 else 0
+        return param_bytes, grad_bytes, optimizer_bytes
+
+    def estimate(self, seq_len: int) -> MemoryEstimate:
+        """Run one step on meta tensors at ``seq_len`` as the simulated rank."""
+        from autosp.runtime import collectives
+        start = time.perf_counter()
+        ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
+        leaves, _ = pytree.tree_flatten(((ids,), {"labels": ids}))
+        params = list(self.model.parameters())
+        for p in params:
+            p.grad = None
+        tracker = PeakTracker()
+        hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.set_aside_tensor(p.grad))
+                 for p in params if p.requires_grad]
+        try:
+            with collectives.simulate(self.sp_size, self.rank), tracker:
+                with SavedTensors(params) as saved:
+                    loss = _loss_of(self.program(self.model, leaves))
+                loss.backward()
+                del loss
+                tracker._sweep()
+        finally:
+            for h in hooks:
+                h.remove()
+            for p in params:
+                p.grad = None
+        param_bytes, grad_bytes, optimizer_bytes = self._state()
+        return MemoryEstimate(seq_len, self.sp_size, self.dtype, self.checkpointing, saved.bytes,
+                              tracker.peak_bytes, tracker.peak_other_bytes, param_bytes, grad_bytes,
+                              optimizer_bytes, time.perf_counter() - start)
+
+
+def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+                    checkpointing: str = "off", batch: int = 1, rank: int = 0) -> MemoryEstimate:
+    """Per-rank memory of one training step of ``autosp.compile(model, checkpointing=...)``
+    over ``sp_size`` ranks at ``seq_len`` tokens (see the module docstring).
+
+    ``model_or_config``: an ``nn.Module`` (copied to meta if it has data), an autosp
+    ``LlamaConfig``, a Hugging Face config, or a preset name (``"tiny"``, ``"small"``,
+    ``"1b"``, ``"8b"``). ``rank`` picks the simulated rank (shards differ by at most one
+    position).
+    """
+    return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank).estimate(seq_len)
+
+
+def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+                checkpointing: str = "off", zero_stage: int = 3, state_shards: int | None = None,
+                granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False) -> int:
+    """The longest sequence (a multiple of ``granularity``) whose step fits in
+    ``budget_bytes`` per rank: model state (ZeRO ``zero_stage`` over ``state_shards``
+    ranks, default ``sp_size``) plus the activation peak. Binary search over
+    :meth:`MemoryModel.estimate`; 0 when not even ``granularity`` tokens fit."""
+    model = MemoryModel(model_or_config, sp_size, dtype, checkpointing)
+    shards = state_shards or sp_size
+
+    def fits(n: int) -> bool:
+        est = model.estimate(n * granularity)
+        if verbose:
+            print(f"[autosp] max_context: {est.row()}, total "
+                  f"{est.total_bytes(zero_stage, shards) / GiB:.1f} GiB", flush=True)
+        return est.total_bytes(zero_stage, shards) <= budget_bytes
+
+    lo, hi = 0, 1
+    while hi * granularity <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit // granularity + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo * granularity
