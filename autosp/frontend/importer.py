@@ -162,8 +162,12 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
         with torch.no_grad():
             program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
+        hint = ""
+        if "Cache" in str(e) and getattr(getattr(model, "config", None), "use_cache", False):
+            hint = ("\nhint: the model returns a key/value cache, which training does not use; call it "
+                    "with use_cache=False (or set model.config.use_cache = False)")
         raise AutospError(f"torch.export could not trace the model: {type(e).__name__}: "
-                          f"{_first_lines(str(e))}") from e
+                          f"{_first_lines(str(e))}{hint}") from e
     _check_no_input_mutation(program, names)
     timings["export_s"] = time.perf_counter() - start
 

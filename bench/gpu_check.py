@@ -1,0 +1,148 @@
+"""GPU check: parity on CUDA at sp_size=1, then step time and peak memory with and
+without checkpointing for a ~1B Llama at long context. Run through bench/gpu_check.sh.
+
+    python bench/gpu_check.py [--device cuda] [--size 1b] [--seqs 16384 32768] [--steps 5]
+
+1. Parity: a small Llama-like model (fp32, GQA, RoPE, loss inside), ``autosp.compile``
+   with checkpointing off / sac / full against eager PyTorch on the same device: loss and
+   every gradient within 1e-4 relative (TF32 off).
+2. Memory and speed (bf16, batch 1): eager PyTorch, autosp, autosp + SAC, autosp + full at
+   each sequence length; median step time (fwd+bwd) of ``--steps`` after one warm-up,
+   ``torch.cuda.max_memory_allocated`` of a step (parameters included, no optimizer), and
+   the memory model's prediction of the same (parameters + step peak). Out-of-memory is
+   reported as OOM, not a failure.
+
+Prints one table (markdown) and writes it to ``--out`` if given. Exit status 1 if parity
+fails.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import autosp  # noqa: E402
+from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
+
+MODES = ("off", "sac", "full")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def parity(device) -> list[str]:
+    from autosp.testing.parity import relative_error
+    lines = []
+    ok = True
+    for mode in MODES:
+        torch.manual_seed(0)
+        model = LlamaLike(LlamaConfig(vocab=256, hidden=128, layers=2, heads=4, kv_heads=2, ffn=344)).to(device)
+        reference = copy.deepcopy(model)
+        ids = torch.randint(0, 256, (2, 257), device=device)
+        ref_loss = reference(ids, labels=ids)["loss"]
+        ref_loss.backward()
+        loss = autosp.compile(model, sp_size=1, checkpointing=mode)(ids, labels=ids)["loss"]
+        loss.backward()
+        loss_err = relative_error(loss.detach(), ref_loss.detach())
+        grad_err = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+        good = loss_err <= 1e-4 and grad_err <= 1e-4
+        ok &= good
+        lines.append(f"| parity {mode} | loss rel. err {loss_err:.1e} | max grad rel. err {grad_err:.1e} | "
+                     f"{'ok' if good else 'FAIL'} |")
+    return lines, ok
+
+
+def step_stats(run, device, steps: int):
+    try:
+        run()  # warm-up (and compile)
+        _sync(device)
+        times = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(steps):
+            start = time.perf_counter()
+            run()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else float("nan")
+        return statistics.median(times), peak
+    except torch.OutOfMemoryError:
+        return None, None
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--size", default="1b", choices=sorted(LLAMA_PRESETS))
+    parser.add_argument("--seqs", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", help="also write the table to this file")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("error: no CUDA device visible to PyTorch", file=sys.stderr)
+            return 2
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    header = [f"# autosp GPU check, {datetime.datetime.now().isoformat(timespec='minutes')}, {name}, "
+              f"torch {torch.__version__}", ""]
+    lines, ok = parity(device)
+    table = ["| check | | | |", "|---|---|---|---|"] + lines
+    print("\n".join(header + table), flush=True)
+
+    from autosp.estimate import MemoryModel
+    rows = ["", f"Llama '{args.size}' ({LLAMA_PRESETS[args.size]}), bf16, batch 1, fwd+bwd, no optimizer", "",
+            "| S | mode | step s | max_memory_allocated GiB | memory model GiB | vs eager time |",
+            "|---|---|---|---|---|---|"]
+    print("\n".join(rows), flush=True)
+    torch.manual_seed(0)
+    model = LlamaLike(LlamaConfig(**LLAMA_PRESETS[args.size], max_positions=max(args.seqs))).to(device, torch.bfloat16)
+    params = {p.untyped_storage()._cdata: p for p in model.parameters()}.values()
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    estimators = {mode: MemoryModel(LlamaConfig(**LLAMA_PRESETS[args.size]), 1, torch.bfloat16, mode)
+                  for mode in MODES}
+    for seq in args.seqs:
+        ids = torch.randint(0, LLAMA_PRESETS[args.size]["vocab"], (1, seq), device=device)
+        eager_time = None
+        for mode in ("eager",) + MODES:
+            for p in model.parameters():
+                p.grad = None
+            runner = model if mode == "eager" else autosp.compile(model, sp_size=1, checkpointing=mode)
+
+            def run():
+                for p in model.parameters():
+                    p.grad = None
+                runner(ids, labels=ids)["loss"].backward()
+            t, peak = step_stats(run, device, args.steps)
+            est = estimators["off" if mode == "eager" else mode].estimate(seq)
+            predicted = (param_bytes + est.peak_bytes) / 2**30
+            if t is None:
+                row = f"| {seq} | {mode} | OOM | OOM | {predicted:.1f} | |"
+            else:
+                eager_time = t if mode == "eager" else eager_time
+                rel = f"{t / eager_time:.2f}x" if eager_time else ""
+                row = f"| {seq} | {mode} | {t:.3f} | {peak / 2**30:.1f} | {predicted:.1f} | {rel} |"
+            rows.append(row)
+            print(row, flush=True)
+    text = "\n".join(header + table + rows) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

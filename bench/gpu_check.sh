@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU check, one command, under 5 minutes on one H200:
+#     bash bench/gpu_check.sh [--seqs 16384 32768] [--size 1b]
+# Parity on CUDA at sp_size=1 (checkpointing off / sac / full), then step time and
+# torch.cuda.max_memory_allocated for a ~1B Llama at 16K-32K tokens, with the memory
+# model's prediction beside each; see bench/gpu_check.py. Uses the machine's python3 with
+# its CUDA PyTorch and the repository on PYTHONPATH (no virtual environment: a GPU
+# machine's torch must not be replaced by the CPU wheel). torch-mlir comes from carried
+# wheels in .whl/ when the machine has no package index. The table lands in
+# $OUT/gpu_check.md (or bench/gpu_check.md); copy it into bench/RESULTS.md with its date.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import torch_mlir' 2>/dev/null; then
+  if ls .whl/torch_mlir-*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-deps --no-index .whl/*.whl
+  else
+    "$PY" -m pip install -q --no-deps torch-mlir==20261001
+  fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+timeout 290 "$PY" bench/gpu_check.py --out "${OUT:-bench}/gpu_check.md" "$@"

@@ -1,0 +1,60 @@
+"""Simulated max trainable context per GPU: Llama-3-8B and a 1B Llama at SP 8, 80 GB.
+
+    python bench/max_context.py [--budget-gib 80] [--sp 8] [--models 8b 1b]
+
+``autosp.max_context`` searches the longest sequence whose training step fits the
+budget per rank, from the memory model (the compiled program run on meta tensors as
+one of 8 simulated ranks; bf16, AdamW, model state ZeRO-3-sharded over the 8 ranks,
+flash attention, batch 1). Columns: autosp without checkpointing (eager Ulysses: the
+same saved tensors as hand-written Ulysses, which bench/memory.py measures side by
+side), autosp + SAC, autosp + full recompute. Prints a table and appends it to
+bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autosp.estimate import GiB, MemoryModel, max_context  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget-gib", type=float, default=80.0)
+    parser.add_argument("--sp", type=int, default=8)
+    parser.add_argument("--models", nargs="+", default=["8b", "1b"])
+    parser.add_argument("--granularity", type=int, default=8192)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    budget = int(args.budget_gib * GiB)
+    rows = [f"| model | SP | eager Ulysses / autosp (off) | autosp + SAC | autosp + full | SAC gain | "
+            f"GiB/rank at the SAC limit (state + activation peak) |", "|---|---|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    for name in args.models:
+        found = {}
+        for mode in ("off", "sac", "full"):
+            start = time.perf_counter()
+            found[mode] = max_context(budget, name, sp_size=args.sp, dtype=torch.bfloat16, checkpointing=mode,
+                                      zero_stage=3, granularity=args.granularity)
+            print(f"  {name} {mode}: {found[mode]} tokens ({time.perf_counter() - start:.0f} s)", flush=True)
+        est = MemoryModel(name, args.sp, torch.bfloat16, "sac").estimate(max(found["sac"], args.granularity))
+        state = est.state_bytes(3, args.sp) / GiB
+        gain = found["sac"] / found["off"] if found["off"] else float("inf")
+        rows.append(f"| {name} | {args.sp} | {found['off'] // 1024}K | {found['sac'] // 1024}K | "
+                    f"{found['full'] // 1024}K | {gain:.2f}x | {state:.1f} + {est.activation_peak_bytes / GiB:.1f} |")
+        print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    if not args.no_write:
+        with Path(__file__).with_name("RESULTS.md").open("a") as f:
+            f.write(f"\n## Simulated max context per GPU ({datetime.date.today().isoformat()}, "
+                    f"{args.budget_gib:g} GiB, bf16, AdamW, ZeRO-3 over SP ranks)\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
