@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -389,10 +391,14 @@ def _check_body(rank, world, queue, cfg: dict, which: str):
                                         backend=cfg["backend"], **kw)]
     else:
         raise ValueError(which)
-    for r in results:
-        # numpy pickles by value; torch tensors would go through shared-memory fd passing,
-        # which fails once the rank has exited.
-        r["grads"] = {n: g.numpy() for n, g in r["grads"].items()} if rank == 0 else None
+    # Gradients go through a file: run_ranks' queue is a pipe drained only after the ranks
+    # exit (large items would block), and tensors sent through it are shared by fd passing,
+    # which fails once the sending rank has exited.
+    for i, r in enumerate(results):
+        grads, r["grads"] = r["grads"], None
+        if rank == 0:
+            r["grads"] = os.path.join(cfg["work_dir"], f"{which}_{i}.pt")
+            torch.save(grads, r["grads"])
     queue.put((rank, results))
 
 
@@ -413,6 +419,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     ap.add_argument("--skip-autosp", action="store_true", help="hand-written peers only")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="reuse Inductor's on-disk cache (default: a fresh one per spawn, so "
+                         "first_s is a cold compile)")
     args = ap.parse_args(argv)
     if not args.check:
         ap.print_help()
@@ -423,9 +432,12 @@ def main(argv=None) -> int:
                backend=args.backend)
     from autosp.testing.distributed import run_ranks
     print(f"peers check: {args.ranks} ranks, {cfg}", flush=True)
+    cfg["work_dir"] = tempfile.mkdtemp(prefix="peers_check_")
     phases = ["eager"] + ([] if args.skip_autosp else ["autosp_sac", "autosp_nosac"])
     rows = []
     for phase in phases:  # one spawn each: DeepSpeed's SAC patch is process-global
+        if not args.warm_cache:  # the ranks inherit it: first_step_s is then a cold compile
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cfg["work_dir"], f"inductor_{phase}")
         t0 = time.perf_counter()
         try:
             out = run_ranks(_check_body, world_size=args.ranks, args=(cfg, phase),
@@ -435,8 +447,9 @@ def main(argv=None) -> int:
             continue
         print(f"[{phase}] done in {time.perf_counter() - t0:.0f}s", flush=True)
         for r in out[0]:
-            r["grads"] = {n: torch.from_numpy(g) for n, g in r["grads"].items()}
+            r["grads"] = torch.load(r["grads"])
             rows.append(r)
+    shutil.rmtree(cfg["work_dir"], ignore_errors=True)
     ref = next((r for r in rows if r["name"].startswith("single")), None)
     print()
     head = f"{'runner':<44} {'loss':>10} {'loss - single':>13} {'grad rel (max/all)':>19} " \

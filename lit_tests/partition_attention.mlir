@@ -83,3 +83,40 @@ func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", auto
 // MANUAL: %[[O:.*]] = torch.aten.view {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
 // MANUAL: "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
 // MANUAL-NOT: autosp.all_to_all
+
+// -----
+
+// GQA repeated by the model (repeat_kv: unsqueeze -> broadcast -> view) with KV heads
+// divisible by P: the all-to-all moves the 2 KV heads and each rank repeats its own one
+// afterwards, so k and v cost half the bytes of repeated heads.
+// CHECK-LABEL: func.func @repeat_kv
+// CHECK-SAME: %[[K:[^:]*]]: !torch.vtensor<[2,2,?,8],f32>
+// CHECK: %[[KA:.*]] = "autosp.all_to_all"(%[[K]], %{{.*}}) {{.*}} : (!torch.vtensor<[2,2,?,8],f32>, !torch.int) -> !torch.vtensor<[2,1,?,8],f32>
+// CHECK: %[[KR:.*]] = torch.aten.repeat_interleave.self_int %[[KA]], {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: torch.aten.scaled_dot_product_attention %{{.*}}, %[[KR]], %{{.*}}
+func.func @repeat_kv(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                     %k: !torch.vtensor<[2,2,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int8 = torch.constant.int 8
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %k, [%s], affine_map<()[s0] -> (2, 2, s0, 8)> : !torch.vtensor<[2,2,?,8],f32>
+  %len = torch.aten.size.int %k, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %u = torch.aten.unsqueeze %k, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.vtensor<[2,2,1,?,8],f32>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (2, 2, 1, s0, 8)> : !torch.vtensor<[2,2,1,?,8],f32>
+  %wide_shape = torch.prim.ListConstruct %int2, %int2, %int2, %len, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %w = torch.aten.broadcast_to %u, %wide_shape : !torch.vtensor<[2,2,1,?,8],f32>, !torch.list<int> -> !torch.vtensor<[2,2,2,?,8],f32>
+  torch.bind_symbolic_shape %w, [%s], affine_map<()[s0] -> (2, 2, 2, s0, 8)> : !torch.vtensor<[2,2,2,?,8],f32>
+  %flat_shape = torch.prim.ListConstruct %int2, %int4, %len, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %kr = torch.aten.view %w, %flat_shape : !torch.vtensor<[2,2,2,?,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %kr, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %0 = torch.aten.scaled_dot_product_attention %q, %kr, %kr, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %0, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}

@@ -7,7 +7,10 @@ sequence, concatenate heads): 4 all-to-alls per layer, the Ulysses minimum.
 
 GQA/MQA (``enable_gqa`` with fewer KV heads than query heads): when the KV heads do not
 divide by P but divide P, each KV head is repeated ``P / KV`` times first, so every rank
-gets the KV head its query heads use. Query heads that do not divide by P, or KV heads
+gets the KV head its query heads use. When the model repeats KV heads itself before
+attention (``repeat_kv``: unsqueeze -> broadcast -> reshape) and the KV heads divide by
+P, the all-to-all moves the KV heads and the repeat runs after it, on each rank's heads:
+k and v then cost KV/H of the bytes (the Ulysses volume for GQA). Query heads that do not divide by P, or KV heads
 that neither divide nor are divided by P, are diagnosed at the attention op.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch_mlir import ir
 from autosp.ir import builders as b
 from autosp.ir.core import op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.sequence import SequenceInfo, sequence_length_value
+from autosp.ir.sequence import SequenceInfo, const_int, sequence_length_value
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
 
@@ -60,7 +63,28 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
         repeat = sp_size // kv_heads
 
     with ir.InsertionPoint(op), op.location:
+        def repeated_kv(x):
+            """``(source, reps)`` when ``x`` = repeat_kv(source) and the all-to-all can move source."""
+            source, reps = _repeat_kv_source(x, info)
+            if source is None:
+                return None
+            src_shape = b.vtensor_shape(source.type)[0]
+            if src_shape[HEAD_DIM] % sp_size or repeat != 1:
+                return None
+            return source, src_shape, reps
+
         def to_heads(x, shape, reps):
+            found = repeated_kv(x) if reps == 1 and x is not q else None
+            if found is not None:
+                source, src_shape, kv_reps = found
+                local_src = [src_shape[0], src_shape[1] // sp_size, None, src_shape[3]]
+                moved = b.autosp_op("all_to_all", [source, seq_len], b.vtensor_type(local_src, dtype),
+                                    split_dim=HEAD_DIM, concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
+                local = [shape[0], shape[1] // sp_size, None, shape[3]]
+                return ir.Operation.create("torch.aten.repeat_interleave.self_int",
+                                           results=[b.vtensor_type(local, dtype)],
+                                           operands=[moved, b.constant_int(kv_reps), b.constant_int(HEAD_DIM),
+                                                     b.constant_none()]).result
             if reps > 1:
                 rep = b.constant_int(reps)
                 dim = b.constant_int(HEAD_DIM)
@@ -86,6 +110,35 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     # `back` has the old result's type ([B, H, S, D]), so its shape bindings stay valid.
     op.results[0].replace_all_uses_with(back)
     op.erase()
+
+
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view", "torch.aten.clone",
+          "torch.aten.contiguous")
+
+
+def _repeat_kv_source(value, info: SequenceInfo):
+    """``(x, reps)`` when ``value`` [B, KV*reps, S, D] is ``x`` [B, KV, S, D] with every head
+    repeated ``reps`` times in place (unsqueeze(2) -> broadcast/expand -> reshape, as
+    Hugging Face's ``repeat_kv`` and ``repeat_interleave(dim=1)`` export); else ``(None, 0)``."""
+    op = _producer(value)
+    while op is not None and op_name(op) in _VIEWS:
+        op = _producer(op.operands[0])
+    if op is None or op_name(op) not in ("torch.aten.broadcast_to", "torch.aten.expand"):
+        return None, 0
+    wide = b.vtensor_shape(op.results[0].type)
+    unsq = _producer(op.operands[0])
+    if (wide is None or len(wide[0]) != 5 or unsq is None or op_name(unsq) != "torch.aten.unsqueeze"
+            or const_int(unsq.operands[1]) != 2):
+        return None, 0
+    source = unsq.operands[0]
+    src = b.vtensor_shape(source.type)
+    out = b.vtensor_shape(value.type)
+    if src is None or len(src[0]) != 4 or not _is_bhsd(source, info) or wide[0][2] is None:
+        return None, 0
+    reps = wide[0][2]
+    if out[0][HEAD_DIM] != src[0][HEAD_DIM] * reps or wide[0][1] != src[0][HEAD_DIM]:
+        return None, 0
+    return source, reps
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp") -> int:
