@@ -63,13 +63,13 @@ class CollectiveCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _body(rank, world, queue, cfg, seq):
+def _body(rank, world, queue, cfg, seq, checkpointing):
     import autosp
     from autosp.testing.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     ids = torch.randint(0, cfg["vocab"], (1, seq))
-    compiled = autosp.compile(model)
+    compiled = autosp.compile(model, checkpointing=checkpointing)
     compiled(ids, labels=ids)["loss"].backward()  # compile outside the count
     fwd, bwd = CollectiveCounter(rank, world), CollectiveCounter(rank, world)
     with fwd:
@@ -97,8 +97,8 @@ def main() -> None:
             "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio |",
             "|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)
-    for name, cfg in MODELS.items():
-        res = run_ranks(_body, args.world, args=(cfg, args.seq), timeout=600)
+    for (name, cfg), checkpointing in [(m, c) for m in MODELS.items() for c in ("off", "sac", "full")]:
+        res = run_ranks(_body, args.world, args=(cfg, args.seq, checkpointing), timeout=600)
         fc, fs, bc, bs = res[0]
         layers = cfg["layers"]
         a2a = f"{fc.get('all_to_all', 0) / layers:g} + {bc.get('all_to_all', 0) / layers:g}"
@@ -107,7 +107,8 @@ def main() -> None:
         other_text = ", ".join(f"{v} {k}" for k, v in sorted(other.items())) or "none"
         sent = (fs.get("all_to_all", 0) + bs.get("all_to_all", 0)) / layers
         ideal = analytical_bytes_per_layer(cfg, args.seq, args.world)
-        rows.append(f"| {name} | {args.world} | {a2a} | {other_text} | {sent / 2**20:.2f} | "
+        label = name if checkpointing == "off" else f"{name}, checkpointing={checkpointing}"
+        rows.append(f"| {label} | {args.world} | {a2a} | {other_text} | {sent / 2**20:.2f} | "
                     f"{ideal / 2**20:.2f} | {sent / ideal:.2f} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
+from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.partition_attention import PartitionAttention
@@ -17,6 +18,7 @@ PASSES: dict[str, type[ModulePass]] = {
     p.name: p
     for p in (
         AnnotateSequence,
+        CausalMask,
         Checkpoint,
         DeadCodeElimination,
         PartitionAttention,

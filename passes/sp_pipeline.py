@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autosp.ir.causal import fold_causal_masks
 from autosp.ir.dce import eliminate_dead_code
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
@@ -15,7 +16,8 @@ from autosp.passes.shard_sequence import ShardSequence
 class SequenceParallelPipeline(ModulePass):
     """Make a torch-dialect model sequence-parallel over sp-size ranks (Ulysses).
 
-    Runs ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
+    Runs ``autosp-causal-mask`` (size-only causal masks become ``is_causal``),
+    ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
     global loss) and ``autosp-dce``. With sp-size=1 only dead code is removed.
@@ -38,6 +40,8 @@ class SequenceParallelPipeline(ModulePass):
 
     def apply(self, module) -> None:
         if self.sp_size > 1:
+            fold_causal_masks(module)
+            eliminate_dead_code(module)
             AnnotateSequence().apply(module)
             PartitionAttention(sp_size=self.sp_size, group=self.group).apply(module)
             ShardSequence(group=self.group, gather_outputs=self.gather_outputs).apply(module)

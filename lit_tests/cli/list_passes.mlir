@@ -7,6 +7,7 @@
 // CHECK:      autosp passes:
 // CHECK-NEXT:   autosp-annotate-sequence{{ +}}Mark every dimension that is the sequence
 // CHECK-NEXT:     require-attention (bool, default True)
+// CHECK-NEXT:   autosp-causal-mask{{ +}}Replace an SDPA mask computed from the sequence length alone
 // CHECK-NEXT:   autosp-checkpoint{{ +}}Plan activation checkpointing
 // CHECK-NEXT:     mode (str, default sac)
 // CHECK-NEXT:   autosp-dce{{ +}}Erase torch ops
