@@ -31,6 +31,7 @@ class _RecomputeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, *args):
         ctx.fn = fn
+        ctx.set_materialize_grads(False)  # outputs nobody differentiates (logits) get no zeros
         ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
         ctx.requires = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
@@ -60,6 +61,7 @@ class _RecomputeFunction(torch.autograd.Function):
         outputs = (outputs,) if ctx.single else outputs
         pairs = [(o, g) for o, g in zip(outputs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        del outputs  # recomputed outputs without a gradient (e.g. the logits) can go now
         wanted = [a for a, r in zip(args, ctx.requires) if r]
         found = [None] * len(wanted)
         if pairs and wanted:
