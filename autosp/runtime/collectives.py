@@ -148,6 +148,24 @@ def rewindow(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, new_lo
 
 
 # ----------------------------------------------------------------------------- all_to_all
+class _AllToAllSingle(torch.autograd.Function):
+    """A flat all-to-all with per-rank split sizes; the backward is the inverse exchange."""
+
+    @staticmethod
+    def forward(ctx, send, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        received = send.new_empty(sum(out_splits))
+        dist.all_to_all_single(received, send.contiguous(), out_splits, in_splits, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        sent_back = grad.new_empty(sum(in_splits))
+        dist.all_to_all_single(sent_back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return sent_back, None, None, None
+
+
 def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, group: str,
                seq_len: int | None = None) -> torch.Tensor:
     """Split ``split_dim`` into P parts, send part i to rank i, concatenate what arrives along
@@ -195,8 +213,10 @@ def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, g
     out_splits = [int(torch.Size(s).numel()) for s in shapes]
     if _SIMULATED:
         received = _SimulatedExchange.apply(send, (sum(out_splits),))
-    else:
+    elif torch.compiler.is_compiling():  # functional collectives: traceable by torch.compile
         received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
+    else:  # eager: the process group's own call, without the functional wrapper's overhead
+        received = _AllToAllSingle.apply(send, out_splits, in_splits, _group(group))
     pieces = torch.split(received, out_splits)
     return torch.cat([piece.view(s) for piece, s in zip(pieces, shapes)], dim=concat_dim)
 
