@@ -122,7 +122,7 @@ class MemoryModel:
     (the program is symbolic in S, so it is compiled once)."""
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 checkpointing: str = "off", batch: int = 1, rank: int = 0, optimizer: str = "adamw"):
+                 checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw"):
         from autosp.api import CHECKPOINTING, build_program
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
@@ -135,7 +135,7 @@ class MemoryModel:
         self.optimizer = optimizer
         example = torch.zeros(batch, max(16, 4 * sp_size), dtype=torch.long, device="meta")
         start = time.perf_counter()
-        with collectives.simulate(sp_size, rank):
+        with collectives.simulate(sp_size, rank or 0):
             self.program = build_program(self.model, (example,), {"labels": example}, sp_size=sp_size,
                                          checkpointing=checkpointing)
         _use_flash_attention(self.program.graph_module)
@@ -156,7 +156,18 @@ class MemoryModel:
         return param_bytes, grad_bytes, optimizer_bytes
 
     def estimate(self, seq_len: int) -> MemoryEstimate:
-        """Run one step on meta tensors at ``seq_len`` as the simulated rank."""
+        """Run one step on meta tensors at ``seq_len`` as the simulated rank; without a
+        rank, as the first and the last rank (the edges of the sequence: the last one also
+        narrows the shifted logits), keeping each field's larger value."""
+        ranks = [self.rank] if self.rank is not None else sorted({0, self.sp_size - 1})
+        found = [self._estimate(seq_len, r) for r in ranks]
+        best = max(found, key=lambda e: e.peak_bytes)
+        best.saved_bytes = max(e.saved_bytes for e in found)
+        best.activation_peak_bytes = max(e.activation_peak_bytes for e in found)
+        best.seconds = sum(e.seconds for e in found)
+        return best
+
+    def _estimate(self, seq_len: int, rank: int) -> MemoryEstimate:
         from autosp.runtime import collectives
         start = time.perf_counter()
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
@@ -168,7 +179,7 @@ class MemoryModel:
         hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.set_aside_tensor(p.grad))
                  for p in params if p.requires_grad]
         try:
-            with collectives.simulate(self.sp_size, self.rank), tracker:
+            with collectives.simulate(self.sp_size, rank), tracker:
                 with SavedTensors(params) as saved:
                     loss = _loss_of(self.program(self.model, leaves))
                 loss.backward()
@@ -186,14 +197,14 @@ class MemoryModel:
 
 
 def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                    checkpointing: str = "off", batch: int = 1, rank: int = 0) -> MemoryEstimate:
+                    checkpointing: str = "off", batch: int = 1, rank: int | None = None) -> MemoryEstimate:
     """Per-rank memory of one training step of ``autosp.compile(model, checkpointing=...)``
     over ``sp_size`` ranks at ``seq_len`` tokens (see the module docstring).
 
     ``model_or_config``: an ``nn.Module`` (copied to meta if it has data), an autosp
     ``LlamaConfig``, a Hugging Face config, or a preset name (``"tiny"``, ``"small"``,
-    ``"1b"``, ``"8b"``). ``rank`` picks the simulated rank (shards differ by at most one
-    position).
+    ``"1b"``, ``"8b"``). ``rank`` picks one simulated rank; by default the larger of the
+    first and last rank's numbers is reported.
     """
     return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank).estimate(seq_len)
 
