@@ -13,8 +13,12 @@ fi
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 
 if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith(("2.13", "2.14")) else 1)' 2>/dev/null; then
-  # Prefer a wheel already on this machine; never let pip resolve a CUDA torch on a CPU machine.
-  if ! "${PIP[@]}" install --no-index torch==2.13.0 2>/dev/null; then
+  # Prefer a CPU wheel already on this machine (pip's find-links folder); its dependencies
+  # come from the package index. Never let pip resolve a CUDA torch on a CPU machine.
+  LOCAL_WHEEL=$(ls "${PIP_FIND_LINKS:-/opt/wheels}"/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -n "$LOCAL_WHEEL" ]; then
+    "${PIP[@]}" install "$LOCAL_WHEEL"
+  elif ! "${PIP[@]}" install --no-index torch==2.13.0 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1; then
       "${PIP[@]}" install torch==2.13.0
     else
