@@ -30,7 +30,7 @@ from autosp.runtime import collectives
 from autosp.runtime.grad_sync import GradientSync
 
 ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
-CHECKPOINTING = ("off", "sac", "full")
+CHECKPOINTING = ("off", "sac", "sac-min", "full")
 
 
 def _sequence_parallel_group(sp_size: int, group):
@@ -203,8 +203,10 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     autosp also averages gradients over the data-parallel replicas; pass False when wrapping
     the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
     which then does it), ``checkpointing`` (``"off"``; ``"sac"``: sequence-aware, keep attention and its
-    collectives, recompute the rest of each layer in backward; ``"full"``: keep only each
-    layer's input and recompute the whole layer; see docs/user_guide.md). ``sp_size=1`` is an exact round trip.
+    collectives, recompute the rest of each layer in backward; ``"sac-min"``: keep only
+    each layer's input and attention's output, recompute the rest including q/k/v and their
+    all-to-alls, never attention itself; ``"full"``: keep only each layer's input and
+    recompute the whole layer; see docs/user_guide.md). ``sp_size=1`` is an exact round trip.
 
     Example::
 

@@ -55,7 +55,7 @@ def run_autosp(model, ids, labels, steps: int, warmup: int, checkpointing: str =
     compiled.grad_sync.enabled = False  # measure the step without the gradient all-reduce, as for the peers
     report, loss = peers._measure(model, forward, compiled.grad_sync.synchronize)
     compiled.grad_sync.enabled = True
-    name = f"autosp{'' if checkpointing == 'off' else ' + ' + checkpointing.upper()}" + \
+    name = f"autosp{'' if checkpointing == 'off' else ' + ' + checkpointing.upper().replace('SAC-MIN', 'SAC-min')}" + \
         (f" ({backend})" if backend else " (eager)")
     return peers._result(name, first, step_s, report, loss, model, False)
 
@@ -100,7 +100,7 @@ def main() -> None:
     preset = PRESETS[args.preset]
     cfg, seqs = preset["model"], args.seqs or preset["seqs"]
     eager = ["single"] + ([] if args.no_peers else ["ulysses_ds", "ulysses_yunchang"]) + \
-        ["autosp:off", "autosp:sac", "autosp:full"] + (["autosp:off:inductor", "autosp:sac:inductor"]
+        ["autosp:off", "autosp:sac", "autosp:sac-min", "autosp:full"] + (["autosp:off:inductor", "autosp:sac:inductor"]
                                                       if args.inductor else [])
     groups = [eager] + ([] if args.no_peers else [["ds_autosp"], ["ds_autosp_sac"]])
     rows = {}

@@ -42,8 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true", help="compile the emitted module with Inductor")
-    p.add_argument("--checkpointing", choices=["off", "sac", "full"], default="off",
+    p.add_argument("--checkpointing", choices=["off", "sac", "sac-min", "full"], default="off",
                    help="sac: keep attention, recompute the rest of each layer in backward; "
+                        "sac-min: keep attention's output only, recompute q/k/v and their all-to-alls; "
                         "full: keep only each layer's input")
     p.add_argument("--verify", action="store_true", help="train the single-device model alongside on rank 0")
     p.add_argument("--data", help="text file, or tokenised .npy/.bin (uint16) file")

@@ -1,5 +1,6 @@
 // RUN: autosp-opt %s --split-input-file --autosp-checkpoint=mode=sac | FileCheck %s
 // RUN: autosp-opt %s --split-input-file --autosp-checkpoint=mode=full | FileCheck %s --check-prefix=FULL
+// RUN: autosp-opt %s --split-input-file --autosp-checkpoint=mode=sac-min | FileCheck %s --check-prefix=MIN
 
 // Two attention layers. The region cut falls after the first residual add, where only
 // the residual stream %h crosses. sac: attention and collectives are kept
@@ -20,6 +21,11 @@
 // FULL:       torch.aten.add.Tensor {{.*}} {autosp.region = 0 : i64, autosp.segment = 0 : i64}
 // FULL:       torch.aten.neg {{.*}} {autosp.region = 1 : i64, autosp.segment = 1 : i64}
 // FULL:       torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 1 : i64, autosp.segment = 1 : i64}
+// sac-min: one segment per region like full, SDPA marked for replay (its output is kept).
+// MIN-LABEL: func.func @two_layers
+// MIN-NOT:   autosp.save
+// MIN:       torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 0 : i64, autosp.replay, autosp.segment = 0 : i64}
+// MIN:       torch.aten.scaled_dot_product_attention {{.*}} {autosp.region = 1 : i64, autosp.replay, autosp.segment = 1 : i64}
 func.func @two_layers(%arg0: !torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32> {
   %none = torch.constant.none
   %float0 = torch.constant.float 0.000000e+00
@@ -41,6 +47,7 @@ func.func @two_layers(%arg0: !torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2
 
 // Hand-written attention: every op on an [.., S, S] tensor (scores, softmax, the
 // product with v) is attention and kept in sac mode.
+// MIN-LABEL: func.func @manual
 // CHECK-LABEL: func.func @manual
 // CHECK:      torch.aten.transpose.int {{.*}} autosp.segment = 0
 // CHECK:      torch.aten.matmul {{.*}} autosp.save

@@ -15,8 +15,11 @@ class Checkpoint(ModulePass):
     One region per attention layer, cut where the fewest sequence-dependent activations
     cross (the residual stream). ``mode=sac`` (sequence-aware) keeps attention and the
     collectives around it (``autosp.save``) and recomputes the O(S) rest in segments
-    (``autosp.segment = N``); ``mode=full`` recomputes each whole region. The backend
-    runs each segment under a checkpoint that keeps only its inputs.
+    (``autosp.segment = N``); ``mode=full`` recomputes each whole region; ``mode=sac-min``
+    recomputes each whole region but marks SDPA ``autosp.replay``: its output and
+    log-sum-exp are kept and replayed, so attention never runs twice while q/k/v and their
+    all-to-alls are recomputed. The backend runs each segment under a checkpoint that keeps
+    only its inputs (and replayed outputs).
 
     Input::
 

@@ -84,7 +84,7 @@ CASES = [
     ("sdpa_block", 2, (16, 15)), ("sdpa_block", 4, (16, 33)), ("sdpa_block_seq_first", 2, (15,)),
     ("sdpa_gqa1", 4, (16,)), ("sdpa_gqa2", 4, (15,)),
     ("llama", 2, (16, 15)), ("llama_gqa", 4, (33, 16)), ("llama_position_ids", 2, (15,)),
-    ("llama_shifted_outside", 2, (16,)), ("llama_gqa_sac", 2, (15,)), ("llama_full", 2, (16,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
+    ("llama_shifted_outside", 2, (16,)), ("llama_gqa_sac", 2, (15,)), ("llama_gqa_sac-min", 2, (15,)), ("llama_full", 2, (16,)), ("gpt2", 2, (16, 15)), ("gpt2", 4, (33,)),
     ("gpt2_sac", 2, (15,)),
 ]
 

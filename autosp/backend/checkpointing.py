@@ -21,6 +21,44 @@ from __future__ import annotations
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+# Fused attention kernels whose outputs a replaying segment keeps (CPU and CUDA variants).
+_ATTENTION_KERNELS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+}
+
+
+class _Record(TorchDispatchMode):
+    """Collect the outputs of fused attention kernels, in call order."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.name in _ATTENTION_KERNELS:
+            self.calls.append((func._schema.name, out))
+        return out
+
+
+class _Replay(TorchDispatchMode):
+    """Return the recorded outputs instead of running the attention kernels again. Autograd
+    (above this mode) still records each kernel's backward, with the recomputed q/k/v and
+    the recorded output and log-sum-exp."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = list(calls)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in _ATTENTION_KERNELS and self.calls and self.calls[0][0] == func._schema.name:
+            return self.calls.pop(0)[1]
+        return func(*args, **(kwargs or {}))
 
 
 class _RecomputeFunction(torch.autograd.Function):
@@ -29,17 +67,28 @@ class _RecomputeFunction(torch.autograd.Function):
     ``loss.backward()`` and ``torch.autograd.grad``; the RNG state is replayed."""
 
     @staticmethod
-    def forward(ctx, fn, *args):
+    def forward(ctx, fn, replay, *args):
         ctx.fn = fn
         ctx.set_materialize_grads(False)  # outputs nobody differentiates (logits) get no zeros
         ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
         ctx.requires = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
-        ctx.save_for_backward(*[a for a, t in zip(args, ctx.is_tensor) if t])
         ctx.devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.devices]
-        outputs = fn(*args)
+        record = _Record() if replay else None
+        if record is not None:
+            with record:
+                outputs = fn(*args)
+        else:
+            outputs = fn(*args)
+        # Inputs, then what replay keeps (attention's outputs): all through save_for_backward.
+        kept = [pytree.tree_flatten(out) for _, out in record.calls] if record is not None else []
+        ctx.kept = [(name, spec, [None if isinstance(x, torch.Tensor) else x for x in leaves])
+                    for (name, _), (leaves, spec) in zip(record.calls if record else [], kept)]
+        ctx.n_inputs = sum(ctx.is_tensor)
+        ctx.save_for_backward(*[a for a, t in zip(args, ctx.is_tensor) if t],
+                              *[x for leaves, _ in kept for x in leaves if isinstance(x, torch.Tensor)])
         ctx.single = not isinstance(outputs, tuple)
         outputs = (outputs,) if ctx.single else outputs
         ctx.mark_non_differentiable(*[o for o in outputs if isinstance(o, torch.Tensor)
@@ -52,12 +101,20 @@ class _RecomputeFunction(torch.autograd.Function):
         args = []
         for is_tensor, other, requires in zip(ctx.is_tensor, ctx.others, ctx.requires):
             args.append(next(saved).detach().requires_grad_(requires) if is_tensor else other)
+        calls = []
+        for name, spec, leaves in ctx.kept:
+            leaves = [next(saved) if x is None else x for x in leaves]
+            calls.append((name, pytree.tree_unflatten(leaves, spec)))
         with torch.random.fork_rng(devices=ctx.devices):
             torch.set_rng_state(ctx.cpu_rng)
             for d, state in zip(ctx.devices, ctx.cuda_rng):
                 torch.cuda.set_rng_state(state, d)
             with torch.enable_grad():
-                outputs = ctx.fn(*args)
+                if calls:
+                    with _Replay(calls):
+                        outputs = ctx.fn(*args)
+                else:
+                    outputs = ctx.fn(*args)
         outputs = (outputs,) if ctx.single else outputs
         pairs = [(o, g) for o, g in zip(outputs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
@@ -67,20 +124,21 @@ class _RecomputeFunction(torch.autograd.Function):
         if pairs and wanted:
             found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
         found = iter(found)
-        return (None, *[next(found) if r else None for r in ctx.requires])
+        return (None, None, *[next(found) if r else None for r in ctx.requires])
 
 
 class Recompute(torch.nn.Module):
     """Run ``inner`` keeping only its inputs for backward (recomputed then), when a
     gradient is needed; else just run it."""
 
-    def __init__(self, inner: torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, replay: bool = False):
         super().__init__()
         self.inner = inner
+        self.replay = replay  # keep fused attention's outputs instead of recomputing attention
 
     def forward(self, *args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return _RecomputeFunction.apply(self.inner, *args)
+            return _RecomputeFunction.apply(self.inner, self.replay, *args)
         return self.inner(*args)
 
 
@@ -110,7 +168,8 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
     split = split_module(gm, gm, partition)
     for name, child in list(split.named_children()):
         if name.startswith("submod_segment"):
+            replay = any(n.meta.get("autosp_replay") for n in child.graph.nodes)
             inner = compile_segment(child) if compile_segment is not None else child
-            setattr(split, name, Recompute(inner))
+            setattr(split, name, Recompute(inner, replay))
     split.meta["autosp_segments"] = sum(1 for n, _ in split.named_children() if n.startswith("submod_segment"))
     return split

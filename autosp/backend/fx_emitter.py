@@ -143,6 +143,8 @@ class _Emitter:
             plan["autosp_segment"] = op.attributes["autosp.segment"].value
         if "autosp.save" in op.attributes:
             plan["autosp_save"] = True
+        if "autosp.replay" in op.attributes:
+            plan["autosp_replay"] = True
         if "autosp.region" in op.attributes:
             plan["autosp_region"] = op.attributes["autosp.region"].value
         if not plan:

@@ -22,7 +22,10 @@ everything after the last belongs to the last region (the logits and loss).
 region grouped by how many anchors lie between them and the region's start (so one
 layer gives "norm, q/k/v, RoPE" and "o_proj, residual, norm, MLP, residual"); in
 ``full`` mode, the whole region, anchors included. A segment keeps only its inputs for
-backward and recomputes the rest.
+backward and recomputes the rest. ``sac-min`` is ``full`` with SDPA marked
+``autosp.replay``: the backend keeps the fused attention kernel's output and log-sum-exp
+and replays them in the recomputation instead of running attention again, so a layer
+keeps its input and attention's output only, and backward repeats the all-to-alls.
 
 Example::
 
@@ -39,7 +42,7 @@ from autosp.ir.builders import i64, vtensor_shape
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 
-MODES = ("sac", "full")
+MODES = ("sac", "sac-min", "full")
 COMMUNICATION_OPS = ("autosp.all_to_all", "autosp.all_gather", "autosp.all_reduce", "autosp.reduce_scatter")
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
 _IGNORED = ("torch.bind_symbolic_shape", "func.return")
@@ -160,4 +163,6 @@ def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
                 op.attributes["autosp.save"] = ir.UnitAttr.get()
             else:
                 op.attributes["autosp.segment"] = i64(numbers.setdefault(keys[i], len(numbers)))
+                if mode == "sac-min" and op_name(op) == SDPA_OP:
+                    op.attributes["autosp.replay"] = ir.UnitAttr.get()
     return CheckpointPlan(regions=len(cuts) + 1, segments=len(numbers), anchors=keys.count(None))

@@ -10,7 +10,7 @@
 // CHECK-NOT: Traceback
 
 // MODE-NOT: Traceback
-// MODE: error: option 'mode' of pass 'autosp-checkpoint' must be one of sac, full, got 'bogus'
+// MODE: error: option 'mode' of pass 'autosp-checkpoint' must be one of sac, sac-min, full, got 'bogus'
 
 // UPSTREAM-NOT: Traceback
 // UPSTREAM: error: invalid pipeline element 'canonicalize{bogus=1}': {{.*}}no such option bogus
