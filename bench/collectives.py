@@ -13,7 +13,6 @@ appends it to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,8 +20,10 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.testing.distributed import run_ranks  # noqa: E402
+from results import append_section  # noqa: E402
 
 MODELS = {  # name -> LlamaConfig kwargs (PEERS.md's model, and the same with GQA)
     "Llama-like, 8 heads / 8 KV": dict(vocab=1024, hidden=256, layers=4, heads=8, ffn=768),
@@ -113,9 +114,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## Collectives and bytes moved ({datetime.date.today().isoformat()}, S={args.seq}, fp32)\n\n"
-                    f"{table}\n")
+        append_section("Collectives and bytes moved", f"S={args.seq}, fp32", table)
 
 
 if __name__ == "__main__":

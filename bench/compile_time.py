@@ -14,7 +14,6 @@ constant or falling time per layer is linear or better.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -25,9 +24,11 @@ os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.api import build_program  # noqa: E402
 from autosp.testing.models import LlamaConfig, LlamaLike  # noqa: E402
+from results import append_section  # noqa: E402
 
 
 def _model(layers: int) -> LlamaLike:
@@ -79,10 +80,9 @@ def main() -> None:
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## Compile time vs depth ({datetime.date.today().isoformat()}, CPU, 1 thread)\n\n"
-                    f"Llama-like, hidden 64, S=256; autosp at SP=2 (no process group needed to compile); "
-                    f"torch.compile = first fwd+bwd minus eager, caches off.\n\n{table}\n")
+        append_section("Compile time vs depth", "CPU, 1 thread",
+                       "Llama-like, hidden 64, S=256; autosp at SP=2 (no process group needed to compile); "
+                       f"torch.compile = first fwd+bwd minus eager, caches off.\n\n{table}")
 
 
 if __name__ == "__main__":

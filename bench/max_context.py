@@ -13,15 +13,16 @@ bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.estimate import GiB, MemoryModel, max_context  # noqa: E402
+from results import append_section  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +34,8 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     budget = int(args.budget_gib * GiB)
-    rows = [f"| model | SP | eager Ulysses / autosp (off) | autosp + SAC | autosp + SAC-min | autosp + full | "
-            f"SAC gain | GiB/rank at the SAC limit (state + activation peak) |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | SP | eager Ulysses / autosp (off) | autosp + SAC | autosp + SAC-min | autosp + full | "
+            "SAC gain | GiB/rank at the SAC limit (state + activation peak) |", "|---|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)
     for name in args.models:
         found = {}
@@ -51,9 +52,8 @@ def main() -> None:
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## Simulated max context per GPU ({datetime.date.today().isoformat()}, "
-                    f"{args.budget_gib:g} GiB, bf16, AdamW, ZeRO-3 over SP ranks)\n\n{table}\n")
+        append_section("Simulated max context per GPU",
+                       f"{args.budget_gib:g} GiB, bf16, AdamW, ZeRO-3 over SP ranks", table)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ appends it to bench/RESULTS.md. (python_tests/test_memory.py checks the 10% boun
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.testing.distributed import run_ranks  # noqa: E402
+from results import append_section  # noqa: E402
 
 CONFIG = dict(vocab=1024, hidden=256, layers=4, heads=8, ffn=768)
 MODES = ("off", "sac", "full")
@@ -63,9 +64,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## Memory model vs measurement ({datetime.date.today().isoformat()}, CPU, P=2, fp32, "
-                    f"Llama-like {CONFIG})\n\n{table}\n")
+        append_section("Memory model vs measurement", f"CPU, P=2, fp32, Llama-like {CONFIG}", table)
 
 
 if __name__ == "__main__":

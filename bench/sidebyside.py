@@ -18,7 +18,6 @@ tables and appends them to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import peers  # noqa: E402
 from autosp.testing.distributed import run_ranks  # noqa: E402
+from results import append_section  # noqa: E402
 
 PRESETS = {
     # PEERS.md's model: Llama-like, hidden 256, 4 layers, 8 heads, SwiGLU 768, vocab 1024.
@@ -144,10 +144,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n\nRatios (same run):\n\n" + "\n".join(ratios)
     print("\n" + text)
     if not args.no_write:
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(f"\n## Side by side, preset '{args.preset}' ({datetime.date.today().isoformat()}, CPU, P=2, "
-                    f"1 thread/rank, fp32, HF LlamaForCausalLM {cfg}; {args.steps} steps after {args.warmup} "
-                    f"warm-up)\n\n{text}\n")
+        append_section(f"Side by side, preset '{args.preset}'",
+                       f"CPU, P=2, 1 thread/rank, fp32, HF LlamaForCausalLM {cfg}; {args.steps} steps after "
+                       f"{args.warmup} warm-up", text)
 
 
 if __name__ == "__main__":
