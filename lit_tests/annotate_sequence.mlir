@@ -25,7 +25,7 @@ func.func @sdpa_block(%w: !torch.vtensor<[32,32],f32>,
   // CHECK: torch.aten.sub.int %[[S]], %{{.*}} {autosp.seq = "S - 1"}
   %2 = torch.aten.sub.int %0, %int1 : !torch.int, !torch.int -> !torch.int
   %3 = torch.prim.ListConstruct %1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
-  // CHECK: torch.aten.view {{.*}} {autosp.seq = ["S * 2", "_"]}
+  // CHECK: torch.aten.view {{.*}} {autosp.seq = ["2 * S", "_"]}
   %4 = torch.aten.view %x, %3 : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
   torch.bind_symbolic_shape %4, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
   // A weight does not touch the sequence: no annotation.
@@ -84,4 +84,5 @@ func.func @manual_attention_seq_first(%x: !torch.vtensor<[?,4,8],f32> {autosp.in
   %r = torch.aten.sum.dim_IntList %o, %dims, %true, %none : !torch.vtensor<[4,?,8],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[4,?,1],f32>
   return %r : !torch.vtensor<[4,?,1],f32>
 }
+
 

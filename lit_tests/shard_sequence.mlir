@@ -79,3 +79,131 @@ func.func @gathered(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
   return %e : !torch.vtensor<[2,?,32],f32>
 }
+
+// -----
+
+// Slice bounds are classified exactly: a constant >= 0 counts from the start, a negative
+// constant, INT64_MAX (no end) or S + c from the end. Each slice that trims a constant
+// number of positions from either end narrows the window.
+// CHECK-LABEL: func.func @slice_bounds
+// CHECK: "autosp.rewindow"(%[[E:[^,]*]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, new_lo = 1 : i64, new_trim = 0 : i64, trim = 0 : i64}
+// CHECK: "autosp.rewindow"(%[[E]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, new_lo = 2 : i64, new_trim = 1 : i64, trim = 0 : i64}
+// CHECK: "autosp.rewindow"(%[[E]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, new_lo = 2 : i64, new_trim = 3 : i64, trim = 0 : i64}
+// CHECK-NOT: torch.aten.slice.Tensor
+func.func @slice_bounds(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                        %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>) {
+  %int-1 = torch.constant.int -1
+  %int-3 = torch.constant.int -3
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %max = torch.constant.int 9223372036854775807
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 8, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // x[:, 1:]
+  %a = torch.aten.slice.Tensor %e, %int1, %int1, %max, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %a, [%s], affine_map<()[s0] -> (2, s0 - 1, 32)> : !torch.vtensor<[2,?,32],f32>
+  // x[:, 2:x.size(1) - 1]
+  %n = torch.aten.size.int %e, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int -> !torch.int
+  %n1 = torch.aten.sub.int %n, %int1 : !torch.int, !torch.int -> !torch.int
+  %b = torch.aten.slice.Tensor %e, %int1, %int2, %n1, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %b, [%s], affine_map<()[s0] -> (2, s0 - 3, 32)> : !torch.vtensor<[2,?,32],f32>
+  // x[:, 2:-3]
+  %c = torch.aten.slice.Tensor %e, %int1, %int2, %int-3, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %c, [%s], affine_map<()[s0] -> (2, s0 - 5, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %a, %b, %c : !torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A size read from a sharded value (q.shape[1], as Hugging Face Falcon does) stands for
+// the global length: it is computed from S, so positions built from it (arange) are
+// replicated over the whole sequence and sliced where they meet the sharded values,
+// while a view of a sharded value gets the local length.
+// CHECK-LABEL: func.func @size_of_sharded_value
+// CHECK-SAME: %[[IDS:[^:]*]]: !torch.vtensor<[2,?],si64>
+// CHECK: %[[S:.*]] = torch.aten.size.int %[[IDS]]
+// CHECK-NEXT: %[[L:.*]] = "autosp.local_len"(%[[S]]) {group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[POS:.*]] = torch.aten.arange.start_step %{{.*}}, %[[S]], %{{.*}}
+// CHECK: %[[LIST:.*]] = torch.prim.ListConstruct %{{.*}}, %[[L]], %{{.*}}
+// CHECK: %[[V:.*]] = torch.aten.view %[[E]], %[[LIST]]
+// CHECK: %[[POS_R:.*]] = "autosp.shard"(%{{.*}}, %[[S]]) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: torch.aten.mul.Tensor %[[V]], %[[POS_R]]
+func.func @size_of_sharded_value(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                 %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,4,8],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %int8 = torch.constant.int 8
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %cpu = torch.constant.device "cpu"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %n = torch.aten.size.int %e, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %n, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  torch.bind_symbolic_shape %pos, [%s], affine_map<()[s0] -> (s0)> : !torch.vtensor<[?],si64>
+  %l = torch.prim.ListConstruct %int2, %n, %int4, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %v = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %v, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  torch.bind_symbolic_shape %p1, [%s], affine_map<()[s0] -> (1, s0)> : !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int2 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,?,1],si64>
+  torch.bind_symbolic_shape %p2, [%s], affine_map<()[s0] -> (1, s0, 1)> : !torch.vtensor<[1,?,1],si64>
+  %p3 = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,?,1],si64>, !torch.int -> !torch.vtensor<[1,?,1,1],si64>
+  torch.bind_symbolic_shape %p3, [%s], affine_map<()[s0] -> (1, s0, 1, 1)> : !torch.vtensor<[1,?,1,1],si64>
+  %m = torch.aten.mul.Tensor %v, %p3 : !torch.vtensor<[2,?,4,8],f32>, !torch.vtensor<[1,?,1,1],si64> -> !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  return %m : !torch.vtensor<[2,?,4,8],f32>
+}
+
+// -----
+
+// x[:, :, [1]] exports as advanced indexing with the full range 0..S-1 on the sequence
+// dim (built from a size of the sharded value). That range keeps every position where
+// it is: each rank indexes its shard with its local range, arange(local length).
+// CHECK-LABEL: func.func @identity_index
+// CHECK: %[[L:.*]] = "autosp.local_len"
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[R:.*]] = torch.aten.arange.start_step %{{.*}}, %[[L]], %{{.*}}
+// CHECK: %[[R1:.*]] = torch.aten.unsqueeze %[[R]], %{{.*}}
+// CHECK: %[[IDX:.*]] = torch.prim.ListConstruct %{{.*}}, %[[R1]], %{{.*}}
+// CHECK: torch.aten.index.Tensor_hacked_twin %[[E]], %[[IDX]]
+func.func @identity_index(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                          %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,1],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %b = torch.aten.arange.start_step %int0, %int2, %int1, %int4, %none, %none, %none : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.none, !torch.none -> !torch.vtensor<[2],si64>
+  %b1 = torch.aten.unsqueeze %b, %int-1 : !torch.vtensor<[2],si64>, !torch.int -> !torch.vtensor<[2,1],si64>
+  %b2 = torch.aten.unsqueeze %b1, %int-1 : !torch.vtensor<[2,1],si64>, !torch.int -> !torch.vtensor<[2,1,1],si64>
+  %n = torch.aten.size.int %e, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int -> !torch.int
+  %r = torch.aten.arange.start_step %int0, %n, %int1, %int4, %none, %none, %none : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.none, !torch.none -> !torch.vtensor<[?],si64>
+  torch.bind_symbolic_shape %r, [%s], affine_map<()[s0] -> (s0)> : !torch.vtensor<[?],si64>
+  %r1 = torch.aten.unsqueeze %r, %int-1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  torch.bind_symbolic_shape %r1, [%s], affine_map<()[s0] -> (s0, 1)> : !torch.vtensor<[?,1],si64>
+  %k = torch.vtensor.literal(dense<1> : tensor<1xsi64>) : !torch.vtensor<[1],si64>
+  %idx = torch.prim.ListConstruct %b2, %r1, %k : (!torch.vtensor<[2,1,1],si64>, !torch.vtensor<[?,1],si64>, !torch.vtensor<[1],si64>) -> !torch.list<vtensor>
+  %x = torch.aten.index.Tensor_hacked_twin %e, %idx : !torch.vtensor<[2,?,32],f32>, !torch.list<vtensor> -> !torch.vtensor<[2,?,1],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 1)> : !torch.vtensor<[2,?,1],f32>
+  return %x : !torch.vtensor<[2,?,1],f32>
+}

@@ -1,10 +1,48 @@
-"""``autosp-checkpoint``: plan activation checkpointing (per-layer regions, save / recompute)."""
+"""``autosp-checkpoint``: plan activation checkpointing (per-layer regions, save / recompute).
+
+Sequence-aware checkpointing (SAC) rests on one asymmetry: at long context attention
+costs O(S^2) while everything else costs O(S). So the expensive results (attention and
+the collectives around it) are kept, and the cheap, memory-heavy rest (norms,
+projections, RoPE, the MLP, the logits) is recomputed during backward.
+
+**Anchors** are the ops never recomputed in ``sac`` mode:
+
+* attention: ``scaled_dot_product_attention``, and every op with a tensor operand or
+  result of two or more dynamic dimensions (in autosp's IR only the sequence is dynamic,
+  so these are the O(S^2) scores, masks and probabilities of hand-written attention);
+* communication: ``autosp.all_to_all``, ``all_gather``, ``all_reduce``, ``reduce_scatter``
+  (recomputing them would repeat the exchange in backward).
+
+**Regions** are layers: one per attention op, cut between consecutive attention ops
+where the fewest sequence-dependent activations cross (after a block's last residual
+add only the residual stream does). Everything before the first cut is region 0's,
+everything after the last belongs to the last region (the logits and loss).
+
+**Segments** are what the backend recomputes: in ``sac`` mode, the non-anchor ops of a
+region grouped by how many anchors lie between them and the region's start (so one
+layer gives "norm, q/k/v, RoPE" and "o_proj, residual, norm, MLP, residual"); in
+``full`` mode, the whole region, anchors included. A segment keeps only its inputs for
+backward and recomputes the rest. ``sac-min`` is ``full`` with SDPA marked
+``autosp.replay``: the backend keeps the fused attention kernel's output and log-sum-exp
+and replays them in the recomputation instead of running attention again, so a layer
+keeps its input and attention's output only, and backward repeats the all-to-alls.
+
+Example::
+
+    >>> plan = plan_checkpoints(module, mode="sac")
+    >>> plan.regions, plan.segments           # 4, 9 for a 4-layer Llama
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autosp.ir.checkpoint import MODES, plan_checkpoints
+from torch_mlir import ir
+
+from autosp.ir.builders import i64, vtensor_shape
+from autosp.ir.core import body_ops, main_func, op_name
+from autosp.ir.diagnostics import DiagnosticError
+from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
@@ -44,3 +82,127 @@ class Checkpoint(ModulePass):
 
     def apply(self, module) -> None:
         plan_checkpoints(module, self.mode)
+
+
+MODES = ("sac", "sac-min", "full")  # the one definition (autosp.compile adds "off")
+_IGNORED = (BIND_SHAPE, "func.return")
+
+
+@dataclass
+class CheckpointPlan:
+    regions: int
+    segments: int
+    anchors: int
+
+
+def _dynamic_dims(value: ir.Value) -> int:
+    shape = vtensor_shape(value.type)
+    return sum(d is None for d in shape[0]) if shape else 0
+
+
+def is_attention_op(op) -> bool:
+    """SDPA, or an op touching an O(S^2) tensor (two or more dynamic dimensions)."""
+    if op_name(op) == SDPA_OP:
+        return True
+    return any(_dynamic_dims(v) >= 2 for v in list(op.operands) + list(op.results))
+
+
+def is_anchor(op) -> bool:
+    """Kept in ``sac`` mode: attention and communication."""
+    return op_name(op) in COMMUNICATION_OPS or is_attention_op(op)
+
+
+def _layer_markers(ops) -> list[int]:
+    """Indices of the op that starts each attention (first of a run of attention ops)."""
+    markers, previous = [], False
+    for i, op in enumerate(ops):
+        attention = is_attention_op(op)
+        if attention and not previous:
+            markers.append(i)
+        previous = attention
+    return markers
+
+
+def _cuts(ops, markers: list[int]) -> list[int]:
+    """For consecutive attention markers a < b, the index c (a < c <= b) such that ops
+    [c, ...) start the next region, chosen where the fewest sequence-dependent
+    activations defined before c are used at or after c."""
+    index = {}
+    for i, op in enumerate(ops):
+        for r in op.results:
+            index[r] = i
+    last_use: dict = {}
+    for i, op in enumerate(ops):
+        for v in op.operands:
+            if v in index:
+                last_use[v] = i
+    # live[i]: values defined before i and used at or after i (sequence-dependent only).
+    n = len(ops)
+    delta = [0] * (n + 1)
+    for v, d in index.items():
+        u = last_use.get(v)
+        if u is not None and u > d and _dynamic_dims(v) >= 1:
+            delta[d + 1] += 1
+            delta[u + 1] -= 1
+    live, acc = [0] * (n + 1), 0
+    for i in range(n + 1):
+        acc += delta[i]
+        live[i] = acc
+    cuts = []
+    for a, b in zip(markers, markers[1:]):
+        # After the end of attention a's run of attention ops.
+        start = a + 1
+        while start < b and is_attention_op(ops[start]):
+            start += 1
+        best = min(range(start + 1, b + 1), key=lambda c: (live[c], -c))
+        cuts.append(best)
+    return cuts
+
+
+def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
+    """Annotate ``@main``'s ops: ``autosp.region`` (every op), ``autosp.segment`` (ops
+    recomputed in backward, numbered in execution order), ``autosp.save`` (anchors kept in
+    ``sac`` mode). See the module docstring."""
+    func = main_func(module)
+    if mode not in MODES:
+        raise DiagnosticError.at(func, f"unknown checkpointing mode '{mode}' (expected one of: {', '.join(MODES)})")
+    ops = [op for op in body_ops(func)
+           if op_name(op) not in _IGNORED and not op_name(op).startswith("torch.constant.")]
+    markers = _layer_markers(ops)
+    if not markers:
+        raise DiagnosticError.at(func, "has no attention op to checkpoint around (found no "
+                                       "torch.aten.scaled_dot_product_attention and no op on an "
+                                       "[..., S, S] tensor)")
+    cuts = _cuts(ops, markers)
+    region_of = []
+    r = 0
+    for i in range(len(ops)):
+        while r < len(cuts) and i >= cuts[r]:
+            r += 1
+        region_of.append(r)
+
+    # Level: anchors passed since the start of the region (sac); segments group by it.
+    level: dict = {}
+    producer_anchor: dict = {}
+    keys: list = []
+    for i, op in enumerate(ops):
+        anchor = mode == "sac" and is_anchor(op)
+        lvl = 0
+        for v in op.operands:
+            if v in level and level[v][0] == region_of[i]:
+                lvl = max(lvl, level[v][1] + (1 if producer_anchor[v] else 0))
+        for res in op.results:
+            level[res] = (region_of[i], lvl)
+            producer_anchor[res] = anchor
+        keys.append(None if anchor else (region_of[i], lvl))
+    numbers: dict = {}
+    with func.context:
+        for i, op in enumerate(ops):
+            op.attributes["autosp.region"] = i64(region_of[i])
+            if keys[i] is None:
+                op.attributes["autosp.save"] = ir.UnitAttr.get()
+            else:
+                op.attributes["autosp.segment"] = i64(numbers.setdefault(keys[i], len(numbers)))
+                if mode == "sac-min" and op_name(op) == SDPA_OP:
+                    op.attributes["autosp.replay"] = ir.UnitAttr.get()
+    return CheckpointPlan(regions=len(cuts) + 1, segments=len(numbers), anchors=keys.count(None))

@@ -1,14 +1,31 @@
-"""``autosp-partition-attention``: Ulysses all-to-alls around every attention op."""
+"""``autosp-partition-attention``: Ulysses all-to-alls around every attention op.
+
+For each ``torch.aten.scaled_dot_product_attention`` on ``[B, H, S, D]`` operands, q, k
+and v go through ``autosp.all_to_all`` (split heads, concatenate the sequence), attention
+runs on ``H/P`` heads over the full sequence, and its output goes back (split the
+sequence, concatenate heads): 4 all-to-alls per layer, the Ulysses minimum.
+
+GQA/MQA (``enable_gqa`` with fewer KV heads than query heads): when the KV heads do not
+divide by P but divide P, each KV head is repeated ``P / KV`` times first, so every rank
+gets the KV head its query heads use. When the model repeats KV heads itself before
+attention (``repeat_kv``: unsqueeze -> broadcast -> reshape) and the KV heads divide by
+P, the all-to-all moves the KV heads and the repeat runs after it, on each rank's heads:
+k and v then cost KV/H of the bytes (the Ulysses volume for GQA). Query heads that do not divide by P, or KV heads
+that neither divide nor are divided by P, are diagnosed at the attention op.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torch_mlir import ir
+
+from autosp.ir import builders as b
+from autosp.ir import ops
+from autosp.ir.core import as_operation, const_int, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
-from autosp.ir.core import as_operation
-from autosp.ir.sequence import analyze_sequence
-from autosp.ir.ulysses import partition_attention
+from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
 
 
 @dataclass(frozen=True)
@@ -47,3 +64,330 @@ class PartitionAttention(ModulePass):
         if self.sp_size == 1:
             return
         partition_attention(module, analyze_sequence(module), self.sp_size, self.group)
+
+
+HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
+
+
+def _tensor_shape(op, value, what: str) -> tuple[list[int | None], str]:
+    """``(dims, dtype)`` of ``value``, which ``op``'s rewrite needs to be a ``!torch.vtensor``."""
+    shape = b.vtensor_shape(value.type)
+    if shape is None:
+        raise DiagnosticError.at(op, f"{what} must be a tensor, got {value.type}")
+    return shape
+
+
+def _check_operand(op, value, what: str, info: SequenceInfo) -> tuple[list, str]:
+    shape = b.vtensor_shape(value.type)
+    if shape is None or len(shape[0]) != 4:
+        raise DiagnosticError.at(op, f"{what} must be a rank-4 [batch, heads, seq, head_dim] tensor, "
+                                     f"got {value.type}")
+    if info.seq_dims(value) != [SEQ_DIM]:
+        raise DiagnosticError.at(op, f"{what} {value.type} does not have the sequence at dim 2 "
+                                     f"(sequence dims: {info.seq_dims(value)})")
+    if shape[0][HEAD_DIM] is None:
+        raise DiagnosticError.at(op, f"{what} has a dynamic head count; Ulysses needs it static")
+    return shape
+
+
+def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> None:
+    """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all."""
+    q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
+    (q_shape, dtype), (k_shape, _), (v_shape, _) = (_check_operand(op, x, n, info)
+                                                    for x, n in ((q, "query"), (k, "key"), (v, "value")))
+    heads, kv_heads = q_shape[HEAD_DIM], k_shape[HEAD_DIM]
+    if heads % sp_size:
+        raise DiagnosticError.at(op, f"query heads ({heads}) are not divisible by sp-size {sp_size}: "
+                                     "Ulysses attention gives each rank heads/sp-size heads")
+    mask_is_none = not isinstance(mask.owner, ir.Block) and op_name(mask.owner) == ops.CONSTANT_NONE
+    if not mask_is_none:
+        # Inside Ulysses attention queries and keys are whole, so a [.., S, S] mask is used
+        # whole; only a per-head mask would need slicing.
+        mask_shape = b.vtensor_shape(mask.type)
+        if mask_shape is None or (len(mask_shape[0]) == 4 and mask_shape[0][HEAD_DIM] not in (1,)):
+            raise DiagnosticError.at(op, f"has a per-head attn_mask {mask.type}; autosp supports masks that "
+                                         "broadcast over heads")
+    repeat = 1
+    if kv_heads % sp_size:
+        if sp_size % kv_heads:
+            raise DiagnosticError.at(op, f"key/value heads ({kv_heads}) neither divide nor are divisible by "
+                                         f"sp-size {sp_size}")
+        repeat = sp_size // kv_heads
+
+    with ir.InsertionPoint(op), op.location:
+        def repeated_kv(x):
+            """``(source, reps)`` when ``x`` = repeat_kv(source) and the all-to-all can move source."""
+            source, reps = _repeat_kv_source(x, info)
+            if source is None:
+                return None
+            src_shape = b.vtensor_shape(source.type)[0]
+            if src_shape[HEAD_DIM] % sp_size or repeat != 1:
+                return None
+            return source, src_shape, reps
+
+        def to_heads(x, shape, reps):
+            found = repeated_kv(x) if reps == 1 and x is not q else None
+            if found is not None:
+                source, src_shape, kv_reps = found
+                local_src = [src_shape[0], src_shape[1] // sp_size, None, src_shape[3]]
+                moved = b.autosp_op("all_to_all", [source, seq_len], b.vtensor_type(local_src, dtype),
+                                    split_dim=HEAD_DIM, concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
+                local = [shape[0], shape[1] // sp_size, None, shape[3]]
+                return ir.Operation.create("torch.aten.repeat_interleave.self_int",
+                                           results=[b.vtensor_type(local, dtype)],
+                                           operands=[moved, b.constant_int(kv_reps), b.constant_int(HEAD_DIM),
+                                                     b.constant_none()]).result
+            if reps > 1:
+                rep = b.constant_int(reps)
+                dim = b.constant_int(HEAD_DIM)
+                shape = [shape[0], shape[1] * reps, shape[2], shape[3]]
+                x = ir.Operation.create("torch.aten.repeat_interleave.self_int",
+                                        results=[b.vtensor_type(shape, dtype)],
+                                        operands=[x, rep, dim, b.constant_none()]).result
+            local = [shape[0], shape[1] // sp_size, None, shape[3]]
+            return b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dtype), split_dim=HEAD_DIM,
+                               concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
+
+        new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
+        new_operands += list(op.operands[3:])
+        out_shape, out_dtype = _tensor_shape(op, op.results[0], "the result")
+        out_heads = out_shape[HEAD_DIM]
+        if out_heads is None:
+            raise DiagnosticError.at(op, f"result {op.results[0].type} has a dynamic head count; Ulysses needs it "
+                                         "static")
+        local_out = [out_shape[0], out_heads // sp_size, None, out_shape[3]]
+        attrs = {n: op.attributes[n] for n in op.attributes}
+        attention = ir.Operation.create(op_name(op), results=[b.vtensor_type(local_out, out_dtype)],
+                                        operands=new_operands, attributes=attrs)
+    with ir.InsertionPoint.after(attention), op.location:
+        back = b.autosp_op("all_to_all", attention.result,
+                           b.vtensor_type([out_shape[0], out_shape[1], None, out_shape[3]], out_dtype),
+                           split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
+    # `back` has the old result's type ([B, H, S, D]), so its shape bindings stay valid.
+    op.results[0].replace_all_uses_with(back)
+    op.erase()
+
+
+
+
+def _repeat_kv_source(value, info: SequenceInfo):
+    """``(x, reps)`` when ``value`` [B, KV*reps, S, D] is ``x`` [B, KV, S, D] with every head
+    repeated ``reps`` times in place (unsqueeze(2) -> broadcast/expand -> reshape, as
+    Hugging Face's ``repeat_kv`` and ``repeat_interleave(dim=1)`` export); else ``(None, 0)``."""
+    op = producer(value)
+    while op is not None and op_name(op) in ops.VIEWS:
+        op = producer(op.operands[0])
+    if op is None or op_name(op) not in ops.BROADCASTS:
+        return None, 0
+    wide = b.vtensor_shape(op.results[0].type)
+    unsq = producer(op.operands[0])
+    if (wide is None or len(wide[0]) != 5 or unsq is None or op_name(unsq) != "torch.aten.unsqueeze"
+            or const_int(unsq.operands[1]) != 2):
+        return None, 0
+    source = unsq.operands[0]
+    src = b.vtensor_shape(source.type)
+    out = b.vtensor_shape(value.type)
+    if src is None or len(src[0]) != 4 or not _is_bhsd(source, info) or wide[0][2] is None:
+        return None, 0
+    reps, src_heads = wide[0][2], src[0][HEAD_DIM]
+    if out is None or src_heads is None:
+        return None, 0
+    if out[0][HEAD_DIM] != src_heads * reps or wide[0][1] != src_heads:
+        return None, 0
+    return source, reps
+
+
+def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp") -> int:
+    """Partition every attention op found by the analysis; return how many were rewritten."""
+    count = 0
+    seq_len = sequence_length_value(module, info) if info.attention else None
+    for op, kind in info.attention:
+        if kind == "manual":
+            partition_manual(op, info, sp_size, group, seq_len)
+        else:
+            partition_sdpa(op, info, sp_size, group, seq_len)
+        count += 1
+    return count
+
+
+# ----------------------------------------------------------------------------- manual attention
+
+
+def _is_bhsd(value, info: SequenceInfo) -> bool:
+    shape = b.vtensor_shape(value.type)
+    return shape is not None and len(shape[0]) == 4 and info.seq_dims(value) == [SEQ_DIM]
+
+
+def _users(value) -> list:
+    """The ops that use ``value``, shape annotations aside."""
+    return [u.owner.operation for u in value.uses if op_name(u.owner) != ops.BIND_SHAPE]
+
+
+def _trace_back(value, info: SequenceInfo, attention_op, what: str):
+    """From a matmul operand back through reshapes to the [B, H, S, D] tensor it came from."""
+    while not _is_bhsd(value, info):
+        op = producer(value)
+        if op is None or op_name(op) not in ops.ATTENTION_RESHAPES:
+            raise DiagnosticError.at(attention_op, f"is softmax attention whose {what} does not come from a "
+                                                   "[batch, heads, seq, head_dim] tensor autosp can find")
+        value = op.operands[0]
+    return value
+
+
+def _chain_back_to_matmul(value, info: SequenceInfo, attention_op, depth: int = 12):
+    """From the softmax input back to the score matmul (through scale, mask, reshapes):
+    a depth-first search over the operands that carry two sequence dims."""
+    op = producer(value)
+    if op is not None and depth > 0:
+        if op_name(op) in ops.ATTENTION_MATMULS:
+            return op
+        for v in op.operands:
+            if len(info.seq_dims(v)) >= 2:
+                try:
+                    return _chain_back_to_matmul(v, info, attention_op, depth - 1)
+                except DiagnosticError:
+                    continue
+    raise DiagnosticError.at(attention_op, "is softmax attention whose scores do not come from a matmul")
+
+
+def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int = 16):
+    """From the softmax result forward to the matmul with the values (through casts,
+    dropout, reshapes): a depth-first search over users that keep two sequence dims."""
+    if depth > 0:
+        for op in _users(value):
+            if op_name(op) in ops.ATTENTION_MATMULS and op.operands[0] == value:
+                return op
+            for r in op.results:
+                if len(info.seq_dims(r)) >= 2 or op_name(op) in ops.ATTENTION_RESHAPES:
+                    try:
+                        return _chain_forward_to_matmul(r, info, attention_op, depth - 1)
+                    except DiagnosticError:
+                        continue
+    raise DiagnosticError.at(attention_op, "is softmax attention whose probabilities do not reach a matmul "
+                                           "with the values")
+
+
+def _trace_forward(value, info: SequenceInfo, attention_op):
+    """From the output matmul forward through reshapes to the [B, H, S, D] output."""
+    while not _is_bhsd(value, info):
+        users = _users(value)
+        if len(users) != 1 or op_name(users[0]) not in ops.ATTENTION_RESHAPES:
+            raise DiagnosticError.at(attention_op, "is softmax attention whose output does not return to a "
+                                                   "[batch, heads, seq, head_dim] tensor")
+        value = users[0].results[0]
+    return value
+
+
+def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> None:
+    """Ulysses around matmul -> (scale, mask) -> softmax -> matmul, written out by the model.
+
+    Finds q, k, v and the output as the [B, H, S, D] tensors around the two matmuls,
+    exchanges them like SDPA's operands, and divides the head count (H, or B*H in the
+    batched-matmul form) by P in every op between them. Masks and biases that reach the
+    scores replicated keep the full sequence (queries and keys are whole in there).
+    """
+    scores_mm = _chain_back_to_matmul(softmax.operands[0], info, softmax)
+    pv_mm = _chain_forward_to_matmul(softmax.results[0], info, softmax)
+    q = _trace_back(scores_mm.operands[0], info, softmax, "query")
+    k = _trace_back(scores_mm.operands[1], info, softmax, "key")
+    v = _trace_back(pv_mm.operands[1], info, softmax, "value")
+    out = _trace_forward(pv_mm.results[0], info, softmax)
+    (q_shape, dtype) = _tensor_shape(softmax, q, "query")
+    batch, heads = q_shape[0], q_shape[HEAD_DIM]
+    for x, what in ((k, "key"), (v, "value")):
+        x_heads = _tensor_shape(softmax, x, what)[0][HEAD_DIM]
+        if x_heads != heads:
+            raise DiagnosticError.at(softmax, f"is softmax attention with {what} heads "
+                                              f"({x_heads}) unlike query heads ({heads}); "
+                                              "repeat the key/value heads in the model, or use SDPA")
+    if heads is None or batch is None:
+        raise DiagnosticError.at(softmax, "is softmax attention with a dynamic batch or head count")
+    if heads % sp_size:
+        raise DiagnosticError.at(softmax, f"query heads ({heads}) are not divisible by sp-size {sp_size}: "
+                                          "Ulysses attention gives each rank heads/sp-size heads")
+
+    # The ops between q/k/v and the output: reachable from the inputs and reaching the output.
+    block_ops = [op.operation for op in softmax.operation.block.operations]
+    index = {op: i for i, op in enumerate(block_ops)}
+    forward = set()
+    frontier = [q, k, v]
+    while frontier:
+        val = frontier.pop()
+        for use in val.uses:
+            user = use.owner.operation
+            if user not in forward and index.get(user, -1) <= index[out.owner.operation]:
+                forward.add(user)
+                frontier.extend(user.results)
+    backward, frontier = set(), [out.owner.operation]
+    while frontier:
+        op = frontier.pop()
+        if op in backward or op not in forward:
+            continue
+        backward.add(op)
+        frontier.extend(producer(x) for x in op.operands if producer(x) is not None)
+    # `backward` holds producers of `out` (values of @main's flat block), so every op has an index.
+    region = sorted(backward, key=lambda op: index[op])
+    region_results = {r for op in region for r in op.results}
+
+    def to_heads(x):
+        shape, dt = b.vtensor_shape(x.type)
+        local = [shape[0], shape[1] // sp_size, None, shape[3]]
+        with ir.InsertionPoint.after(x.owner) if not isinstance(x.owner, ir.Block) else \
+                ir.InsertionPoint(block_ops[0]), softmax.location:
+            y = b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dt), split_dim=HEAD_DIM,
+                            concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
+        for use in list(x.uses):
+            if use.owner.operation in backward:
+                use.owner.operands[use.operand_number] = y
+
+    for x in {q: None, k: None, v: None}:
+        to_heads(x)
+    for op in region:
+        for r in op.results:
+            r.set_type(_divide_heads(r.type, batch, heads, sp_size))
+        if op_name(op) in ops.SIZE_LIST_OPS:
+            _divide_heads_in_list(op, batch, heads, sp_size)
+        for operand in op.operands:
+            shape = b.vtensor_shape(operand.type)
+            source = producer(operand)
+            if shape and source is not None and operand not in region_results and \
+                    op_name(source) != ops.ALL_TO_ALL and len(shape[0]) == 4 and shape[0][HEAD_DIM] not in (1,):
+                raise DiagnosticError.at(op, f"mixes a per-head tensor {operand.type} from outside attention into "
+                                             "the scores; autosp cannot split its heads yet")
+    out_shape, out_dtype = _tensor_shape(softmax, out, "the attention output")
+    with ir.InsertionPoint.after(out.owner), softmax.location:
+        back = b.autosp_op("all_to_all", [out], b.vtensor_type([batch, heads, None, out_shape[3]], out_dtype),
+                           split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
+    out.replace_all_uses_except(back, back.owner.operation)
+
+
+def _divide_heads(type_, batch: int, heads: int, p: int):
+    shape = b.vtensor_shape(type_)
+    if shape is None:
+        return type_
+    dims, dtype = shape
+    if len(dims) == 4 and dims[HEAD_DIM] == heads:
+        dims = [dims[0], heads // p, *dims[2:]]
+    elif len(dims) == 3 and dims[0] == batch * heads:
+        dims = [batch * heads // p, *dims[1:]]
+    return b.vtensor_type(dims, dtype)
+
+
+def _divide_heads_in_list(op, batch: int, heads: int, p: int) -> None:
+    lst = op.operands[1]
+    owner = producer(lst)
+    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT:
+        return
+    items = list(owner.operands)
+    if len(items) == 4:
+        position, value = 1, heads
+    elif len(items) == 3:
+        position, value = 0, batch * heads
+    else:
+        return
+    if const_int(items[position]) != value:
+        return
+    with ir.InsertionPoint(op), op.location:
+        items[position] = b.constant_int(value // p)
+        op.operands[1] = ir.Operation.create("torch.prim.ListConstruct", results=[lst.type], operands=items).result
+

@@ -118,3 +118,23 @@ def body_ops(func) -> Iterator[ir.Operation]:
 def users(value: ir.Value) -> list:
     """The ops that use ``value``."""
     return [u.owner for u in value.uses]
+
+
+def const_int(value: ir.Value) -> int | None:
+    """The integer of a ``torch.constant.int`` result, else None."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or op_name(owner) != "torch.constant.int":
+        return None
+    return owner.attributes["value"].value
+
+
+def producer(value: ir.Value):
+    """The op that defines ``value`` (None for a block argument)."""
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def is_none(value: ir.Value) -> bool:
+    """Is ``value`` the result of ``torch.constant.none``?"""
+    op = producer(value)
+    return op is not None and op_name(op) == "torch.constant.none"
