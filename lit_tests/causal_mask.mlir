@@ -1,13 +1,18 @@
 // RUN: autosp-opt %s --split-input-file --autosp-causal-mask | FileCheck %s
+// RUN: autosp-opt %s --split-input-file --autosp-causal-mask --autosp-dce | FileCheck %s --check-prefix=DCE
 
-// A mask built from the sequence length alone (arange(S) compared with itself) that is
-// causal at every length becomes is_causal; the mask computation is left for dce.
-// CHECK-LABEL: func.func @size_only_causal
-// CHECK: %[[M:.*]] = torch.aten.le.Tensor
+// k <= q from arange(S) (only the size of %arg0 is read): proven causal, the mask is
+// replaced by is_causal and its computation becomes dead.
+// CHECK-LABEL: func.func @causal_folds
+// CHECK: torch.aten.le.Tensor
 // CHECK: %[[NONE:[^ ]+]] = torch.constant.none
 // CHECK: %[[TRUE:[^ ]+]] = torch.constant.bool true
 // CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[NONE]], %{{[^,]*}}, %[[TRUE]],
-func.func @size_only_causal(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+// DCE-LABEL: func.func @causal_folds
+// DCE-NOT: torch.aten.le.Tensor
+// DCE-NOT: torch.aten.arange
+// DCE: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[^,]*}}, %{{[^,]*}}, %true,
+func.func @causal_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
   %none = torch.constant.none
   %false = torch.constant.bool false
   %float0 = torch.constant.float 0.000000e+00
@@ -27,11 +32,142 @@ func.func @size_only_causal(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vten
 
 // -----
 
-// Built from sizes alone but not causal (ge: the upper triangle): kept.
-// CHECK-LABEL: func.func @size_only_not_causal
+// A sliding window (k > q - 64 and k <= q) looks causal at every length up to 64, but is
+// not the causal mask: kept.
+// CHECK-LABEL: func.func @sliding_window_kept
+// CHECK: %[[M:.*]] = torch.aten.bitwise_and.Tensor
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @sliding_window_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %int64 = torch.constant.int 64
+  %low = torch.aten.sub.Scalar %rows, %int64, %int1 : !torch.vtensor<[?,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[?,1],si64>
+  %in_window = torch.aten.gt.Tensor %cols, %low : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %causal = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %in_window, %causal : !torch.vtensor<[?,?],i1>, !torch.vtensor<[?,?],i1> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// An offset (k <= q + 1) is not the causal mask: kept.
+// CHECK-LABEL: func.func @offset_kept
+// CHECK: %[[M:.*]] = torch.aten.le.Tensor
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @offset_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %shifted = torch.aten.add.Scalar %rows, %int1, %int1 : !torch.vtensor<[?,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[?,1],si64>
+  %m = torch.aten.le.Tensor %cols, %shifted : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// k <= q over positions of another input's length n: SDPA would broadcast it if n were 1,
+// and nothing says n equals the query length: kept.
+// CHECK-LABEL: func.func @other_length_kept
+// CHECK: %[[M:.*]] = torch.aten.le.Tensor
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @other_length_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>, %arg1: !torch.vtensor<[?],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg1, %int0 : !torch.vtensor<[?],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %m = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// The same comparison on positions read from an input (position ids): the data is not
+// known, so the mask is kept.
+// CHECK-LABEL: func.func @input_positions_kept
+// CHECK: %[[M:.*]] = torch.aten.le.Tensor
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @input_positions_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>, %arg1: !torch.vtensor<[?],si64>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %prow = torch.aten.unsqueeze %arg1, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %pcol = torch.aten.unsqueeze %arg1, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %m = torch.aten.le.Tensor %pcol, %prow : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// A mask sliced from a registered buffer (a tril held as data): kept, whatever it holds.
+// CHECK-LABEL: func.func @buffer_mask_kept
+// CHECK: %[[M:.*]] = torch.aten.slice.Tensor %{{[0-9]+}}, %int1,
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @buffer_mask_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>, %arg1: !torch.vtensor<[64,64],i1>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %rows_b = torch.aten.slice.Tensor %arg1, %int0, %int0, %s, %int1 : !torch.vtensor<[64,64],i1>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[?,64],i1>
+  %m = torch.aten.slice.Tensor %rows_b, %int1, %int0, %s, %int1 : !torch.vtensor<[?,64],i1>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// Built from sizes but the upper triangle (k >= q): kept.
+// CHECK-LABEL: func.func @upper_triangle_kept
 // CHECK: %[[M:.*]] = torch.aten.ge.Tensor
-// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{.*}}, %false,
-func.func @size_only_not_causal(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @upper_triangle_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
   %none = torch.constant.none
   %false = torch.constant.bool false
   %float0 = torch.constant.float 0.000000e+00
@@ -51,13 +187,301 @@ func.func @size_only_not_causal(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.
 
 // -----
 
-// Computed from input data (a padding mask): kept, whatever its values.
-// CHECK-LABEL: func.func @from_input
-// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %arg1, %{{.*}}, %false,
-func.func @from_input(%arg0: !torch.vtensor<[1,2,?,8],f32>, %arg1: !torch.vtensor<[?,?],i1>) -> !torch.vtensor<[1,2,?,8],f32> {
+// tril of a tensor of ones made in forward (torch.ones(S, S, dtype=bool).tril()): folds.
+// CHECK-LABEL: func.func @tril_of_ones_folds
+// CHECK: torch.aten.tril
+// CHECK: %[[NONE:[^ ]+]] = torch.constant.none
+// CHECK: %[[TRUE:[^ ]+]] = torch.constant.bool true
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[NONE]], %{{[^,]*}}, %[[TRUE]],
+func.func @tril_of_ones_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
   %none = torch.constant.none
   %false = torch.constant.bool false
   %float0 = torch.constant.float 0.000000e+00
-  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %arg1, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %int11 = torch.constant.int 11
+  %sizes = torch.prim.ListConstruct %s, %s : (!torch.int, !torch.int) -> !torch.list<int>
+  %ones = torch.aten.ones %sizes, %int11, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.tril %ones, %int0 : !torch.vtensor<[?,?],i1>, !torch.int -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// A random mask: not modelled, kept.
+// CHECK-LABEL: func.func @random_kept
+// CHECK: %[[M:.*]] = torch.aten.lt.Scalar
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @random_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %sizes = torch.prim.ListConstruct %s, %s : (!torch.int, !torch.int) -> !torch.list<int>
+  %int6 = torch.constant.int 6
+  %half = torch.constant.float 5.000000e-01
+  %r = torch.aten.rand %sizes, %int6, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?,?],f32>
+  %m = torch.aten.lt.Scalar %r, %half : !torch.vtensor<[?,?],f32>, !torch.float -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// The mask of transformers' LlamaForCausalLM (sdpa, no position_ids) as imported (the
+// symbolic shapes say the ids and the query have the same length s22):
+// positions from arange(S) gathered per batch, k <= q, AND the packed-sequence check
+// (documents from cumsum(positions[1:] - positions[:-1] != 1), provably all 0, so equal).
+// CHECK-LABEL: func.func @hf_llama_mask_folds
+// CHECK: torch.aten.broadcast_to %{{.*}} -> !torch.vtensor<[2,1,?,?],i1>
+// CHECK: %[[NONE:[^ ]+]] = torch.constant.none
+// CHECK: %[[TRUE:[^ ]+]] = torch.constant.bool true
+// CHECK: torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %[[NONE]], %{{[^,]*}}, %[[TRUE]],
+func.func @hf_llama_mask_folds(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[2,4,?,16],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
+  %sym = torch.symbolic_int "s22" {min_val = 2, max_val = 9223372036854775807} : !torch.int
+  torch.bind_symbolic_shape %arg0, [%sym], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  torch.bind_symbolic_shape %arg1, [%sym], affine_map<()[s0] -> (2, 4, s0, 16)> : !torch.vtensor<[2,4,?,16],f32>
+  %float0 = torch.constant.float 0.000000e+00
+  %scale = torch.constant.float 2.500000e-01
+  %2 = torch.vtensor.literal(dense<true> : tensor<i1>) : !torch.vtensor<[],i1>
+  %int3 = torch.constant.int 3
+  %int2 = torch.constant.int 2
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %false = torch.constant.bool false
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %4 = torch.aten.size.int %arg0, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.int
+  %cpu = torch.constant.device "cpu"
+  %6 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %7 = torch.aten.add.Scalar %6, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %8 = torch.aten.unsqueeze %7, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %9 = torch.prim.ListConstruct %int2, %int-1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %10 = torch.aten.broadcast_to %8, %9 : !torch.vtensor<[1,?],si64>, !torch.list<int> -> !torch.vtensor<[2,?],si64>
+  %11 = torch.aten.slice.Tensor %10, %int1, %int0, %int1, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,1],si64>
+  %12 = torch.aten.sub.Scalar %11, %int1, %int1 : !torch.vtensor<[2,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[2,1],si64>
+  %13 = torch.prim.ListConstruct %12, %10 : (!torch.vtensor<[2,1],si64>, !torch.vtensor<[2,?],si64>) -> !torch.list<vtensor>
+  %14 = torch.aten.cat %13, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,?],si64>
+  %15 = torch.aten.add.int %int1, %4 : !torch.int, !torch.int -> !torch.int
+  %16 = torch.aten.slice.Tensor %14, %int-1, %int0, %4, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?],si64>
+  %17 = torch.aten.slice.Tensor %14, %int-1, %int1, %15, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?],si64>
+  %18 = torch.aten.sub.Tensor %17, %16, %int1 : !torch.vtensor<[2,?],si64>, !torch.vtensor<[2,?],si64>, !torch.int -> !torch.vtensor<[2,?],si64>
+  %19 = torch.aten.ne.Scalar %18, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.vtensor<[2,?],i1>
+  %20 = torch.aten.cumsum %19, %int-1, %none : !torch.vtensor<[2,?],i1>, !torch.int, !torch.none -> !torch.vtensor<[2,?],si64>
+  %21 = torch.prim.ListConstruct %int2, %int-1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %22 = torch.aten.broadcast_to %8, %21 : !torch.vtensor<[1,?],si64>, !torch.list<int> -> !torch.vtensor<[2,?],si64>
+  %cpu_0 = torch.constant.device "cpu"
+  %23 = torch.aten.arange.start_step %int0, %int2, %int1, %none, %int0, %cpu_0, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[2],si64>
+  %cpu_1 = torch.constant.device "cpu"
+  %24 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu_1, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %25 = torch.aten.add.Scalar %24, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %cpu_2 = torch.constant.device "cpu"
+  %26 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu_2, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %27 = torch.aten.add.Scalar %26, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %28 = torch.aten.unsqueeze %23, %int1 : !torch.vtensor<[2],si64>, !torch.int -> !torch.vtensor<[2,1],si64>
+  %29 = torch.aten.unsqueeze %28, %int2 : !torch.vtensor<[2,1],si64>, !torch.int -> !torch.vtensor<[2,1,1],si64>
+  %30 = torch.aten.unsqueeze %29, %int3 : !torch.vtensor<[2,1,1],si64>, !torch.int -> !torch.vtensor<[2,1,1,1],si64>
+  %31 = torch.aten.unsqueeze %25, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %32 = torch.aten.unsqueeze %31, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %33 = torch.aten.unsqueeze %32, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %34 = torch.aten.unsqueeze %27, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %35 = torch.aten.unsqueeze %34, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %36 = torch.aten.unsqueeze %35, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %39 = torch.prim.ListConstruct %30, %33 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,?,1],si64>) -> !torch.list<vtensor>
+  %40 = torch.aten.index.Tensor_hacked_twin %22, %39 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,?,1],si64>
+  %41 = torch.prim.ListConstruct %30, %36 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %42 = torch.aten.index.Tensor_hacked_twin %22, %41 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,?],si64>
+  %43 = torch.aten.le.Tensor %42, %40 : !torch.vtensor<[2,1,1,?],si64>, !torch.vtensor<[2,1,?,1],si64> -> !torch.vtensor<[2,1,?,?],i1>
+  %44 = torch.aten.bitwise_and.Tensor %2, %43 : !torch.vtensor<[],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %45 = torch.prim.ListConstruct %30, %33 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,?,1],si64>) -> !torch.list<vtensor>
+  %46 = torch.aten.index.Tensor_hacked_twin %20, %45 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,?,1],si64>
+  %47 = torch.prim.ListConstruct %30, %36 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %48 = torch.aten.index.Tensor_hacked_twin %20, %47 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,?],si64>
+  %49 = torch.aten.eq.Tensor %46, %48 : !torch.vtensor<[2,1,?,1],si64>, !torch.vtensor<[2,1,1,?],si64> -> !torch.vtensor<[2,1,?,?],i1>
+  %50 = torch.aten.bitwise_and.Tensor %44, %49 : !torch.vtensor<[2,1,?,?],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %51 = torch.prim.ListConstruct %int2, %int-1, %4, %4 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %52 = torch.aten.broadcast_to %50, %51 : !torch.vtensor<[2,1,?,?],i1>, !torch.list<int> -> !torch.vtensor<[2,1,?,?],i1>
+  %out = torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %52, %float0, %false, %scale, %false : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,1,?,?],i1>, !torch.float, !torch.bool, !torch.float, !torch.bool -> !torch.vtensor<[2,4,?,16],f32>
+  return %out : !torch.vtensor<[2,4,?,16],f32>
+}
+
+// -----
+
+// MistralForCausalLM with sliding_window=8: the same mask AND k > q - 8: kept.
+// CHECK-LABEL: func.func @hf_mistral_window_kept
+// CHECK: torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %{{[0-9]+}}, %{{[^,]*}}, %false,
+func.func @hf_mistral_window_kept(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[2,4,?,16],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
+  %sym = torch.symbolic_int "s22" {min_val = 2, max_val = 9223372036854775807} : !torch.int
+  torch.bind_symbolic_shape %arg0, [%sym], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  torch.bind_symbolic_shape %arg1, [%sym], affine_map<()[s0] -> (2, 4, s0, 16)> : !torch.vtensor<[2,4,?,16],f32>
+  %float0 = torch.constant.float 0.000000e+00
+  %scale = torch.constant.float 2.500000e-01
+  %2 = torch.vtensor.literal(dense<true> : tensor<i1>) : !torch.vtensor<[],i1>
+  %int8 = torch.constant.int 8
+  %int3 = torch.constant.int 3
+  %int2 = torch.constant.int 2
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %false = torch.constant.bool false
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %4 = torch.aten.size.int %arg0, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.int
+  %cpu = torch.constant.device "cpu"
+  %6 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %7 = torch.aten.add.Scalar %6, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %8 = torch.aten.unsqueeze %7, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %9 = torch.prim.ListConstruct %int2, %int-1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %10 = torch.aten.broadcast_to %8, %9 : !torch.vtensor<[1,?],si64>, !torch.list<int> -> !torch.vtensor<[2,?],si64>
+  %11 = torch.aten.slice.Tensor %10, %int1, %int0, %int1, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,1],si64>
+  %12 = torch.aten.sub.Scalar %11, %int1, %int1 : !torch.vtensor<[2,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[2,1],si64>
+  %13 = torch.prim.ListConstruct %12, %10 : (!torch.vtensor<[2,1],si64>, !torch.vtensor<[2,?],si64>) -> !torch.list<vtensor>
+  %14 = torch.aten.cat %13, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,?],si64>
+  %15 = torch.aten.add.int %int1, %4 : !torch.int, !torch.int -> !torch.int
+  %16 = torch.aten.slice.Tensor %14, %int-1, %int0, %4, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?],si64>
+  %17 = torch.aten.slice.Tensor %14, %int-1, %int1, %15, %int1 : !torch.vtensor<[2,?],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,?],si64>
+  %18 = torch.aten.sub.Tensor %17, %16, %int1 : !torch.vtensor<[2,?],si64>, !torch.vtensor<[2,?],si64>, !torch.int -> !torch.vtensor<[2,?],si64>
+  %19 = torch.aten.ne.Scalar %18, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.vtensor<[2,?],i1>
+  %20 = torch.aten.cumsum %19, %int-1, %none : !torch.vtensor<[2,?],i1>, !torch.int, !torch.none -> !torch.vtensor<[2,?],si64>
+  %21 = torch.prim.ListConstruct %int2, %int-1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %22 = torch.aten.broadcast_to %8, %21 : !torch.vtensor<[1,?],si64>, !torch.list<int> -> !torch.vtensor<[2,?],si64>
+  %cpu_0 = torch.constant.device "cpu"
+  %23 = torch.aten.arange.start_step %int0, %int2, %int1, %none, %int0, %cpu_0, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[2],si64>
+  %cpu_1 = torch.constant.device "cpu"
+  %24 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu_1, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %25 = torch.aten.add.Scalar %24, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %cpu_2 = torch.constant.device "cpu"
+  %26 = torch.aten.arange.start_step %int0, %4, %int1, %none, %int0, %cpu_2, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %27 = torch.aten.add.Scalar %26, %int0, %int1 : !torch.vtensor<[?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
+  %28 = torch.aten.unsqueeze %23, %int1 : !torch.vtensor<[2],si64>, !torch.int -> !torch.vtensor<[2,1],si64>
+  %29 = torch.aten.unsqueeze %28, %int2 : !torch.vtensor<[2,1],si64>, !torch.int -> !torch.vtensor<[2,1,1],si64>
+  %30 = torch.aten.unsqueeze %29, %int3 : !torch.vtensor<[2,1,1],si64>, !torch.int -> !torch.vtensor<[2,1,1,1],si64>
+  %31 = torch.aten.unsqueeze %25, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %32 = torch.aten.unsqueeze %31, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %33 = torch.aten.unsqueeze %32, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %34 = torch.aten.unsqueeze %27, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %35 = torch.aten.unsqueeze %34, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %36 = torch.aten.unsqueeze %35, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %39 = torch.prim.ListConstruct %30, %33 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,?,1],si64>) -> !torch.list<vtensor>
+  %40 = torch.aten.index.Tensor_hacked_twin %22, %39 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,?,1],si64>
+  %41 = torch.prim.ListConstruct %30, %36 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %42 = torch.aten.index.Tensor_hacked_twin %22, %41 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,?],si64>
+  %45 = torch.aten.sub.Scalar %40, %int8, %int1 : !torch.vtensor<[2,1,?,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[2,1,?,1],si64>
+  %46 = torch.aten.gt.Tensor %42, %45 : !torch.vtensor<[2,1,1,?],si64>, !torch.vtensor<[2,1,?,1],si64> -> !torch.vtensor<[2,1,?,?],i1>
+  %47 = torch.aten.bitwise_and.Tensor %2, %46 : !torch.vtensor<[],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %48 = torch.aten.le.Tensor %42, %40 : !torch.vtensor<[2,1,1,?],si64>, !torch.vtensor<[2,1,?,1],si64> -> !torch.vtensor<[2,1,?,?],i1>
+  %49 = torch.aten.bitwise_and.Tensor %47, %48 : !torch.vtensor<[2,1,?,?],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %50 = torch.aten.bitwise_and.Tensor %2, %49 : !torch.vtensor<[],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %51 = torch.prim.ListConstruct %30, %33 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,?,1],si64>) -> !torch.list<vtensor>
+  %52 = torch.aten.index.Tensor_hacked_twin %20, %51 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,?,1],si64>
+  %53 = torch.prim.ListConstruct %30, %36 : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %54 = torch.aten.index.Tensor_hacked_twin %20, %53 : !torch.vtensor<[2,?],si64>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,?],si64>
+  %55 = torch.aten.eq.Tensor %52, %54 : !torch.vtensor<[2,1,?,1],si64>, !torch.vtensor<[2,1,1,?],si64> -> !torch.vtensor<[2,1,?,?],i1>
+  %56 = torch.aten.bitwise_and.Tensor %50, %55 : !torch.vtensor<[2,1,?,?],i1>, !torch.vtensor<[2,1,?,?],i1> -> !torch.vtensor<[2,1,?,?],i1>
+  %57 = torch.prim.ListConstruct %int2, %int-1, %4, %4 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %58 = torch.aten.broadcast_to %56, %57 : !torch.vtensor<[2,1,?,?],i1>, !torch.list<int> -> !torch.vtensor<[2,1,?,?],i1>
+  %out = torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %58, %float0, %false, %scale, %false : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,1,?,?],i1>, !torch.float, !torch.bool, !torch.float, !torch.bool -> !torch.vtensor<[2,4,?,16],f32>
+  return %out : !torch.vtensor<[2,4,?,16],f32>
+}
+
+// -----
+
+// An additive float mask: zeros, -inf where k > q (masked_fill): folds.
+// CHECK-LABEL: func.func @additive_masked_fill_folds
+// CHECK: torch.aten.masked_fill.Scalar
+// CHECK: %[[NONE:[^ ]+]] = torch.constant.none
+// CHECK: %[[TRUE:[^ ]+]] = torch.constant.bool true
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[NONE]], %{{[^,]*}}, %[[TRUE]],
+func.func @additive_masked_fill_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %int6 = torch.constant.int 6
+  %ninf = torch.constant.float 0xFFF0000000000000
+  %sizes = torch.prim.ListConstruct %s, %s : (!torch.int, !torch.int) -> !torch.list<int>
+  %z = torch.aten.zeros %sizes, %int6, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?,?],f32>
+  %future = torch.aten.gt.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.masked_fill.Scalar %z, %future, %ninf : !torch.vtensor<[?,?],f32>, !torch.vtensor<[?,?],i1>, !torch.float -> !torch.vtensor<[?,?],f32>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// full(S, S, finfo.min).triu(1): 0 on and below the diagonal, the lowest float above: folds.
+// CHECK-LABEL: func.func @additive_triu_folds
+// CHECK: torch.aten.triu
+// CHECK: %[[NONE:[^ ]+]] = torch.constant.none
+// CHECK: %[[TRUE:[^ ]+]] = torch.constant.bool true
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[NONE]], %{{[^,]*}}, %[[TRUE]],
+func.func @additive_triu_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %int6 = torch.constant.int 6
+  %min = torch.constant.float -3.4028234663852886E+38
+  %sizes = torch.prim.ListConstruct %s, %s : (!torch.int, !torch.int) -> !torch.list<int>
+  %full = torch.aten.full %sizes, %min, %int6, %none, %cpu, %false : !torch.list<int>, !torch.float, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?,?],f32>
+  %m = torch.aten.triu %full, %int1 : !torch.vtensor<[?,?],f32>, !torch.int -> !torch.vtensor<[?,?],f32>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// An additive mask whose masked value (-1.0) does not zero the probability: kept.
+// CHECK-LABEL: func.func @additive_soft_penalty_kept
+// CHECK: %[[M:.*]] = torch.aten.where.Scalar
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+func.func @additive_soft_penalty_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %minus1 = torch.constant.float -1.000000e+00
+  %allowed = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.where.Scalar %allowed, %float0, %minus1 : !torch.vtensor<[?,?],i1>, !torch.float, !torch.float -> !torch.vtensor<[?,?],f32>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
   return %0 : !torch.vtensor<[1,2,?,8],f32>
 }
