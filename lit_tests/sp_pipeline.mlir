@@ -1,14 +1,17 @@
 // The whole transformation on the imported 2-layer Llama-style reference model (RoPE in
-// the graph, GQA, tied embeddings, loss with labels shifted inside).
-// RUN: %python -m autosp.frontend llama --layers 2 | autosp-opt --autosp-sp-pipeline=sp-size=4 | FileCheck %s
+// the graph, GQA, tied embeddings, loss with labels shifted inside). The model is
+// imported once (the import costs seconds) and every check reads the saved files.
+// RUN: %python -m autosp.frontend llama --layers 2 > %t.llama.mlir
+// RUN: autosp-opt %t.llama.mlir --autosp-sp-pipeline=sp-size=4 > %t.sp4.mlir
+// RUN: FileCheck %s --input-file %t.sp4.mlir
 // Per attention layer exactly the Ulysses minimum crosses ranks: 3 all-to-alls in, 1 out.
-// RUN: %python -m autosp.frontend llama --layers 2 | autosp-opt --autosp-sp-pipeline=sp-size=4 | grep -c '"autosp.all_to_all"' | FileCheck %s --check-prefix=COUNT
+// RUN: grep -c '"autosp.all_to_all"' %t.sp4.mlir | FileCheck %s --check-prefix=COUNT
 // COUNT: 8
 // Nothing else communicates except the one all_reduce of the loss's sum.
-// RUN: %python -m autosp.frontend llama --layers 2 | autosp-opt --autosp-sp-pipeline=sp-size=4 | grep -c -E '"autosp.(all_gather|reduce_scatter|all_reduce)"' | FileCheck %s --check-prefix=OTHER
+// RUN: grep -c -E '"autosp.(all_gather|reduce_scatter|all_reduce)"' %t.sp4.mlir | FileCheck %s --check-prefix=OTHER
 // OTHER: 1
 // With sp-size=1 the pipeline only removes dead code.
-// RUN: %python -m autosp.frontend llama --layers 1 | autosp-opt --autosp-sp-pipeline=sp-size=1 | FileCheck %s --check-prefix=P1
+// RUN: autosp-opt %t.llama.mlir --autosp-sp-pipeline=sp-size=1 | FileCheck %s --check-prefix=P1
 // P1-NOT: "autosp.
 
 // CHECK-LABEL: func.func @main(
@@ -37,6 +40,21 @@
 
 // The file's own IR: the imported SDPA attention block (python -m autosp.frontend attention).
 // RUN: autosp-opt %s --autosp-sp-pipeline=sp-size=2 | FileCheck %s --check-prefix=BLOCK
+// The pipeline runs as its sub-passes: --mlir-print-ir-after-all names each of them
+// (with its options), and with sp-size=1 the only one is autosp-dce.
+// RUN: autosp-opt %s --autosp-sp-pipeline='sp-size=4 group=sp2' --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER
+// RUN: autosp-opt %s --pass-pipeline='builtin.module(autosp-sp-pipeline{sp-size=1})' --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER1
+// AFTER:      // -----// IR Dump After autosp-causal-mask //----- //
+// AFTER:      // -----// IR Dump After autosp-dce //----- //
+// AFTER:      // -----// IR Dump After autosp-annotate-sequence //----- //
+// AFTER:      // -----// IR Dump After autosp-partition-attention{sp-size=4 group=sp2} //----- //
+// AFTER:      // -----// IR Dump After autosp-shard-sequence{group=sp2} //----- //
+// AFTER:      // -----// IR Dump After autosp-dce //----- //
+// AFTER-NOT:  IR Dump
+// AFTER:      "autosp.all_to_all"{{.*}}group = "sp2"
+// AFTER-NOT:  autosp-sp-pipeline
+// AFTER1:     // -----// IR Dump After autosp-dce //----- //
+// AFTER1-NOT: IR Dump
 // BLOCK-LABEL: func.func @main(
 // BLOCK-SAME: %[[X:[^:]*]]: !torch.vtensor<[2,?,32],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64}
 // BLOCK: %[[S:.*]] = torch.aten.size.int %[[X]]

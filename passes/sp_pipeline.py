@@ -1,13 +1,18 @@
-"""``autosp-sp-pipeline``: the whole sequence-parallel transformation."""
+"""``autosp-sp-pipeline``: the whole sequence-parallel transformation.
+
+The pass is a pipeline of other passes (:meth:`SequenceParallelPipeline.expand`): the
+pipeline runner runs them one by one, so ``--mlir-print-ir-after-all``, dump folders and
+reproducers name the sub-pass (``autosp-shard-sequence{...}``), not the whole pipeline.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autosp.ir.causal import fold_causal_masks
-from autosp.ir.dce import eliminate_dead_code
-from autosp.ir.pass_base import ModulePass
+from autosp.ir.pass_base import ModulePass, PassOptionError
 from autosp.passes.annotate_sequence import AnnotateSequence
+from autosp.passes.causal_mask import CausalMask
+from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 
@@ -16,7 +21,7 @@ from autosp.passes.shard_sequence import ShardSequence
 class SequenceParallelPipeline(ModulePass):
     """Make a torch-dialect model sequence-parallel over sp-size ranks (Ulysses).
 
-    Runs ``autosp-causal-mask`` (size-only causal masks become ``is_causal``),
+    Runs ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
     ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
@@ -38,11 +43,15 @@ class SequenceParallelPipeline(ModulePass):
     group: str = "sp"
     gather_outputs: bool = False
 
-    def apply(self, module) -> None:
-        if self.sp_size > 1:
-            fold_causal_masks(module)
-            eliminate_dead_code(module)
-            AnnotateSequence().apply(module)
-            PartitionAttention(sp_size=self.sp_size, group=self.group).apply(module)
-            ShardSequence(group=self.group, gather_outputs=self.gather_outputs).apply(module)
-        eliminate_dead_code(module)
+    def __post_init__(self) -> None:
+        if self.sp_size < 1:
+            raise PassOptionError(f"option 'sp-size' of pass '{self.name}' must be >= 1, got {self.sp_size}")
+
+    def expand(self) -> list[ModulePass]:
+        """The sub-passes, run (and dumped, and reproduced) one by one by the pipeline."""
+        if self.sp_size <= 1:
+            return [DeadCodeElimination()]
+        return [CausalMask(), DeadCodeElimination(), AnnotateSequence(),
+                PartitionAttention(sp_size=self.sp_size, group=self.group),
+                ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
+                DeadCodeElimination()]

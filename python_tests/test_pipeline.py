@@ -112,3 +112,137 @@ def test_several_top_level_functions_are_wrapped_and_errors_keep_their_lines():
     assert str(module).count("func.func") == 2
     with pytest.raises(DiagnosticError, match=r"two\.mlir:2:18: error: custom op 'retur'"):
         parse_module("func.func @a() { return }\nfunc.func @b() { retur }", "two.mlir")
+
+
+def test_no_reproducer_unless_asked_for(tmp_path, monkeypatch):
+    """Without a request nothing is saved; the command runs the whole pipeline on the input."""
+    monkeypatch.setitem(PASSES, _Failing.name, _Failing)
+    monkeypatch.delenv("AUTOSP_REPRODUCER_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    module = parse_module(SRC, "t.mlir")
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(module, "builtin.module(autosp-dce, autosp-test-fail)")
+    err = info.value
+    assert err.reproducer_file is None and list(tmp_path.iterdir()) == []
+    assert err.reproducer == "autosp-opt --pass-pipeline='builtin.module(autosp-dce, autosp-test-fail)' <input.mlir>"
+    assert "AUTOSP_REPRODUCER_DIR" in err.format()
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(parse_module(SRC, "t.mlir"), "builtin.module(autosp-test-fail)",
+                     PipelineOptions(input_name="model.mlir"))
+    assert info.value.reproducer.endswith("'builtin.module(autosp-test-fail)' model.mlir")
+
+
+@pytest.mark.parametrize("how", ["file", "env"])
+def test_reproducer_on_request_holds_the_module_before_the_failing_pass(how, tmp_path, monkeypatch):
+    monkeypatch.setitem(PASSES, _Failing.name, _Failing)
+    if how == "env":
+        monkeypatch.setenv("AUTOSP_REPRODUCER_DIR", str(tmp_path / "repros"))
+        options = PipelineOptions()
+    else:
+        monkeypatch.delenv("AUTOSP_REPRODUCER_DIR", raising=False)
+        options = PipelineOptions(reproducer=str(tmp_path / "r.mlir"))
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(parse_module(SRC, "t.mlir"), "builtin.module(autosp-dce, autosp-test-fail, canonicalize)",
+                     options)
+    err = info.value
+    path = err.reproducer_file
+    assert path == str(tmp_path / "r.mlir") if how == "file" else path.startswith(str(tmp_path / "repros"))
+    assert err.reproducer == (f"autosp-opt --pass-pipeline='builtin.module(autosp-test-fail, canonicalize)' "
+                              f"{path} --mlir-print-ir-after-all")
+    saved = open(path).read()
+    assert saved.startswith("// autosp reproducer: the module before 'autosp-test-fail' failed.")
+    assert "torch.aten.size.int" not in saved and "torch.aten.neg" in saved
+    # The saved file parses, and the pipeline it names fails on it the same way.
+    with pytest.raises(PipelineError, match="cannot handle this op"):
+        run_pipeline(parse_module(saved, path), "builtin.module(autosp-test-fail, canonicalize)")
+
+
+@dataclass(frozen=True)
+class _TwoStep(ModulePass):
+    """A pipeline pass: dce, then a pass that fails when asked to.
+
+    Input::
+    Output::
+    """
+    name: ClassVar[str] = "autosp-test-two-step"
+    fail: bool = False
+
+    def expand(self):
+        from autosp.passes.dce import DeadCodeElimination
+        return [DeadCodeElimination()] + ([_Failing()] if self.fail else [])
+
+
+def test_pipeline_passes_run_as_their_sub_passes(tmp_path, monkeypatch):
+    import io
+    monkeypatch.setitem(PASSES, _TwoStep.name, _TwoStep)
+    monkeypatch.setitem(PASSES, _Failing.name, _Failing)
+    module = parse_module(SRC, "t.mlir")
+    ran, out = [], io.StringIO()
+    run_pipeline(module, "builtin.module(autosp-test-two-step, canonicalize)",
+                 PipelineOptions(dump_dir=str(tmp_path), print_ir_before=("autosp-test-two-step",), out=out),
+                 on_pass=lambda element, seconds: ran.append(element.pipeline_text()))
+    assert ran == ["autosp-dce", "canonicalize"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00_input.mlir", "01_autosp-dce.mlir", "02_canonicalize.mlir"]
+    assert out.getvalue().count("IR Dump Before") == 1 and "IR Dump Before autosp-dce" in out.getvalue()
+    # Applied directly (not through run_pipeline), a pipeline pass runs its expansion too.
+    direct = parse_module(SRC, "t.mlir")
+    _TwoStep().apply(direct)
+    assert "torch.aten.size.int" not in str(direct)
+    # A failing sub-pass is named, and the reproducer runs the remaining sub-passes.
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(parse_module(SRC, "t.mlir"), "builtin.module(autosp-test-two-step{fail=true}, canonicalize)",
+                     PipelineOptions(dump_dir=str(tmp_path / "fail")))
+    assert info.value.pass_text == "autosp-test-fail"
+    assert "--pass-pipeline='builtin.module(autosp-test-fail, canonicalize)'" in info.value.reproducer
+
+
+def test_sp_pipeline_expands_into_the_sequence_parallel_passes():
+    from autosp.passes.sp_pipeline import SequenceParallelPipeline
+    sub = [p.pipeline_text() for p in SequenceParallelPipeline(sp_size=4, group="g", gather_outputs=True).expand()]
+    assert sub == ["autosp-causal-mask", "autosp-dce", "autosp-annotate-sequence",
+                   "autosp-partition-attention{sp-size=4 group=g}", "autosp-shard-sequence{group=g gather-outputs=true}",
+                   "autosp-dce"]
+    assert [p.name for p in SequenceParallelPipeline(sp_size=1).expand()] == ["autosp-dce"]
+    with pytest.raises(PipelineSyntaxError, match="'sp-size' of pass 'autosp-sp-pipeline' must be >= 1, got 0"):
+        parse_pipeline("builtin.module(autosp-sp-pipeline{sp-size=0})")
+
+
+@dataclass(frozen=True)
+class _Lists(ModulePass):
+    """List options.
+
+    Input::
+    Output::
+    """
+    name: ClassVar[str] = "autosp-test-lists"
+    dims: tuple[int, ...] = ()
+    groups: tuple[str, ...] = ("sp",)
+    fast: bool = False
+    width: int = 1
+
+
+def test_options_are_space_separated_and_lists_comma_separated(monkeypatch):
+    monkeypatch.setitem(PASSES, _Lists.name, _Lists)
+    (p,) = parse_pipeline("builtin.module(autosp-test-lists{dims=1,2,-3 groups=a,b fast width=4})")
+    assert p == _Lists(dims=(1, 2, -3), groups=("a", "b"), fast=True, width=4)
+    assert p.pipeline_text() == "autosp-test-lists{dims=1,2,-3 groups=a,b fast=true width=4}"
+    assert parse_pipeline(pipeline_text([p])) == [p]
+    # Quoted and braced values, an empty list, and the defaults.
+    assert parse_pipeline("autosp-test-lists{dims={4,5} groups='x' }")[0] == _Lists(dims=(4, 5), groups=("x",))
+    assert parse_pipeline("autosp-test-lists{dims=}")[0].dims == ()
+    assert parse_pipeline("autosp-test-lists")[0] == _Lists()
+    from autosp.ir.pass_base import type_name
+    assert _Lists.options()["dims"] == (tuple[int, ...], ())
+    assert type_name(tuple[int, ...]) == "list of int" and type_name(bool) == "bool"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("autosp-test-lists{dims=1,x}", "option 'dims' of pass 'autosp-test-lists' expects int, got 'x'"),
+    ("autosp-test-lists{width=2,fast=true}", "separated by spaces, as in MLIR: '{width=2 fast=true}'"),
+    ("autosp-test-lists{groups='a b}", "missing closing '"),
+    ("autosp-test-lists{width=two}", "expects int, got 'two'"),
+])
+def test_bad_options_are_diagnosed(bad, message, monkeypatch):
+    monkeypatch.setitem(PASSES, _Lists.name, _Lists)
+    with pytest.raises(PipelineSyntaxError, match=re.escape(message)):
+        parse_pipeline(bad)

@@ -8,8 +8,10 @@ Examples::
     autosp-opt --list-passes
 
 Every registered autosp pass is also a flag, ``--<pass-name>`` or
-``--<pass-name>=opt=v,opt2=v2``; pass flags and ``--pass-pipeline`` run in command-line
-order. Errors are printed as ``file:line:col: error: message`` with exit status 1; a
+``--<pass-name>='opt=v opt2=a,b'`` (options separated by spaces, list items by commas,
+as in MLIR); pass flags and ``--pass-pipeline`` run in command-line order. A failing
+pass prints the command that reproduces it; ``--mlir-pass-pipeline-crash-reproducer=FILE``
+(or ``$AUTOSP_REPRODUCER_DIR``) also saves the module before the failing pass. Errors are printed as ``file:line:col: error: message`` with exit status 1; a
 Python traceback is only shown for internal errors when ``AUTOSP_DEBUG=1`` is set.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch_mlir import ir
 from autosp.dialect import IRDL_FILE
 from autosp.ir.core import make_context, parse_module
 from autosp.ir.diagnostics import AutospError, Diagnostic, DiagnosticError
+from autosp.ir.pass_base import type_name
 from autosp.passes import PASSES
 from autosp.pipeline import PipelineOptions, PipelineSyntaxError, check_pipeline, parse_pipeline, run_pipeline
 from autosp.tools.verify_diagnostics import check, parse_expectations
@@ -56,7 +59,7 @@ def _version() -> str:
 
 
 def _pass_flag(name: str, value: str | None) -> str:
-    """Pipeline text for ``--<name>[=value]``: ``autosp-x=a=1,b=2`` -> ``autosp-x{a=1,b=2}``."""
+    """Pipeline text for ``--<name>[=value]``: ``autosp-x='a=1 b=2,3'`` -> ``autosp-x{a=1 b=2,3}``."""
     opts = (value or "").strip()
     if opts.startswith("{") and opts.endswith("}"):
         opts = opts[1:-1].strip()
@@ -96,7 +99,7 @@ def split_pass_flags(argv: list[str]) -> tuple[list[str], list[str]]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; pass flags appear in ``--help`` but are parsed by split_pass_flags."""
     p = argparse.ArgumentParser(prog=PROG, allow_abbrev=False,
-                                usage=f"{PROG} [options] [--<pass>[=opt=v,...] ...] [input]",
+                                usage=f"{PROG} [options] [--<pass>[='opt=v ...'] ...] [input]",
                                 description="Run autosp and upstream MLIR passes on MLIR text.")
     p.add_argument("input", nargs="?", default="-", help="input file ('-' or omitted: stdin)")
     p.add_argument("-o", dest="output", default="-", metavar="FILE", help="output file (default stdout)")
@@ -110,15 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlir-print-op-generic", action="store_true", help="print ops in generic form")
     p.add_argument("--mlir-print-debuginfo", action="store_true", help="print locations")
     p.add_argument("--mlir-timing", action="store_true", help="print per-pass times (stderr)")
-    p.add_argument("--dump-dir", metavar="DIR", help="write the IR after every pass into DIR")
+    p.add_argument("--dump-dir", metavar="DIR",
+                   help="write the IR after every pass into DIR (and a reproducer when a pass fails)")
+    p.add_argument("--mlir-pass-pipeline-crash-reproducer", metavar="FILE",
+                   help="when a pass fails, save the module before it to FILE with the command that reruns it")
     p.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
     p.add_argument("--print-dialect", action="store_true", help="print the path of the autosp IRDL file")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     group = p.add_argument_group("passes (run in command-line order)")
     for name, cls in sorted(PASSES.items()):
-        group.add_argument(f"--{name}", metavar="OPT=V,...", nargs="?", help=cls.summary())
+        group.add_argument(f"--{name}", metavar="'OPT=V ...'", nargs="?", help=cls.summary())
     for name, text in UPSTREAM_FLAGS.items():
-        group.add_argument(f"--{name}", metavar="OPT=V,...", nargs="?",
+        group.add_argument(f"--{name}", metavar="'OPT=V ...'", nargs="?",
                            help=f"upstream: {text.format(opts='')}")
     return p
 
@@ -129,7 +135,7 @@ def list_passes() -> str:
     for name, cls in sorted(PASSES.items()):
         lines.append(f"  {name:<28} {cls.summary()}")
         for opt, (typ, default) in cls.options().items():
-            lines.append(f"    {opt} ({getattr(typ, '__name__', typ)}, default {default})")
+            lines.append(f"    {opt} ({type_name(typ)}, default {default})")
     lines.append("Upstream MLIR and torch-mlir passes (canonicalize, func.func(cse), "
                  "torch-...) are also accepted in --pass-pipeline.")
     return "\n".join(lines)
@@ -137,7 +143,9 @@ def list_passes() -> str:
 
 def split_chunks(text: str) -> list[str]:
     """Split on ``// -----`` lines; each chunk is padded with newlines to keep line numbers."""
-    chunks, cur, start = [], [], 0
+    chunks: list[str] = []
+    cur: list[str] = []
+    start = 0
     lines = text.splitlines(keepends=True)
     for n, line in enumerate(lines):
         if _SPLIT_MARKER.match(line.rstrip("\n")):
@@ -168,7 +176,9 @@ def process_chunk(text: str, source: str, ctx, elements, args, produced: list[Di
             options = PipelineOptions(
                 print_ir_after_all=args.mlir_print_ir_after_all,
                 print_ir_before=tuple(n.strip() for v in args.mlir_print_ir_before for n in v.split(",") if n.strip()),
-                dump_dir=args.dump_dir, timing=args.mlir_timing)
+                dump_dir=args.dump_dir, timing=args.mlir_timing,
+                reproducer=args.mlir_pass_pipeline_crash_reproducer,
+                input_name=None if source == "<stdin>" or args.split_input_file else source)
             run_pipeline(module, elements, options)
     except PipelineSyntaxError:
         raise  # a bad pipeline is fatal for every chunk
@@ -237,8 +247,8 @@ def run(argv: list[str]) -> int:
         sys.stdout.flush()
     else:
         try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(result)
+            with open(args.output, "w", encoding="utf-8") as out_file:
+                out_file.write(result)
         except OSError as e:
             print(f"{PROG}: error: could not write output file '{args.output}': {e.strerror or e}", file=sys.stderr)
             return 1
