@@ -13,6 +13,7 @@ another sequence length does not (the sequence dimension is symbolic).
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 
@@ -23,14 +24,16 @@ from torch.utils import _pytree as pytree
 from autosp.backend.fx_emitter import emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
-from autosp.frontend.importer import import_model
+from autosp.frontend.importer import import_model, input_paths, prepare_input
 from autosp.ir.diagnostics import AutospError
+from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.runtime import collectives
-from autosp.runtime.grad_sync import GradientSync
+from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
 ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
-CHECKPOINTING = ("off", "sac", "sac-min", "full")
+# "off" plus the modes of the autosp-checkpoint pass, which defines them.
+CHECKPOINTING = ("off", *CHECKPOINT_MODES)
 
 
 def _sequence_parallel_group(sp_size: int, group):
@@ -61,16 +64,20 @@ def _resolve_sp_size(sp_size: int | None, group) -> int:
 
 def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
                   gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off") -> CompiledProgram:
+                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off",
+                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
     """Export ``model`` on these example inputs, run the pass pipeline for ``sp_size`` ranks
     (plus ``autosp-checkpoint`` unless ``checkpointing="off"``) and emit the program.
-    Needs no process group: the program looks its group up when it runs."""
+    Needs no process group: the program's collectives name their group ``group_name``,
+    bound to a process group with ``collectives.register_group`` before the program runs.
+    The parameters are bucketed for gradient synchronisation (``grad_bucket_bytes``, in
+    reverse order of first use) and a sync point is put before each bucket's first use."""
     start = time.perf_counter()
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
     t0 = time.perf_counter()
     pipeline = pipeline or (ROUND_TRIP_PIPELINE if sp_size == 1 else
-                            f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} "
+                            f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
                             f"gather-outputs={str(gather_outputs).lower()}}})")
     run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
     if checkpointing != "off":
@@ -87,14 +94,25 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
         print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
               f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
               file=sys.stderr)
+    params = dict(model.named_parameters())
+    sizes = {i: params[a.name].numel() * params[a.name].element_size() for i, a in enumerate(imported.args)
+             if a.kind == "parameter" and params[a.name].requires_grad}
+    buckets = plan_buckets(gm, sizes, grad_bucket_bytes)
+    planned = has_plan(gm)
+    # Sync points in the graph start each bucket's all-reduce as soon as backward completes
+    # it. Not under a whole-graph torch.compile (fullgraph=True would have to trace the
+    # collective): there the all-reduces start when the model's backward is done.
+    in_graph = backend is None or planned
+    if in_graph:
+        insert_sync_points(gm, buckets)
     program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
-                              checkpointing=checkpointing)
+                              checkpointing=checkpointing, grad_buckets=buckets, sync_points_in_graph=in_graph)
     compile_ = None
     if backend is not None:
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
         def compile_(g):
             return torch.compile(g, backend=backend, dynamic=True, fullgraph=True)
-    if has_plan(gm):
+    if planned:
         # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
         program.runner = checkpointed_module(gm, compile_segment=compile_)
     elif compile_ is not None:
@@ -107,12 +125,22 @@ class AutospModule(torch.nn.Module):
 
     ``self.module`` is the user's model, so ``parameters()``/``state_dict()`` are the
     user's own tensors (prefixed ``module.``).
+
+    Process groups and gradient synchronisation belong to this wrapper: its programs'
+    collectives name a group unique to it (``group_name``, bound to its own
+    ``ProcessGroup``, ``sp_group``), so two compiled models on different groups never talk
+    over each other. ``grad_sync`` (a :class:`GradientSync` on the same group, or on the
+    whole dp x sp mesh) is armed by each compiled call: a backward through the plain model,
+    or through another wrapper of the same model, is not synchronised by this one, and
+    each backward adds only its own call's summed gradient to ``.grad``.
     """
+
+    _instances = itertools.count()
 
     def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
                  verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True,
-                 checkpointing: str = "off"):
+                 checkpointing: str = "off", grad_bucket_bytes: int = 25 << 20):
         super().__init__()
         self.module = model
         self.sp_size = _resolve_sp_size(sp_size, group)
@@ -123,27 +151,35 @@ class AutospModule(torch.nn.Module):
         self.dump_dir = dump_dir
         self.verbose = verbose
         self.backend = backend
+        self.grad_bucket_bytes = grad_bucket_bytes
         if checkpointing not in CHECKPOINTING:
             raise AutospError(f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING))}, "
                               f"got {checkpointing!r}")
         self.checkpointing = checkpointing
         self._programs: dict[object, CompiledProgram] = {}
-        self.group_name = "sp"
+        # A name of its own: the IR names groups by string, and the runtime binds each name
+        # to one process group, so a shared name would let a later module rebind an earlier one's.
+        self.group_name = f"autosp{next(AutospModule._instances)}"
+        self.sp_group = None
         self.grad_sync = None
         self.mesh = None
         if self.sp_size > 1:
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
-            collectives.register_group(self.group_name, sp_group)
+            self.sp_group = sp_group if sp_group is not None else dist.group.WORLD
+            collectives.register_group(self.group_name, self.sp_group)
+            if pipeline is not None:
+                # A custom pipeline may use the passes' default group name.
+                collectives.register_group("sp", self.sp_group)
             if self.mesh is None or not sync_data_parallel:
                 # Sum over the sequence-parallel ranks only (data parallelism, if any, is
                 # the caller's: e.g. DDP over self.mesh["dp"]).
-                self.grad_sync = GradientSync(model.parameters(), self.group_name)
+                self.grad_sync = GradientSync(model.parameters(), self.sp_group, bucket_bytes=grad_bucket_bytes)
             else:
                 # DP x SP: sum over the sequence-parallel ranks, average over the replicas,
                 # in one all-reduce over the whole mesh.
-                collectives.register_group("dp_sp", None)
                 dp = self.mesh["dp"].size()
-                self.grad_sync = GradientSync(model.parameters(), "dp_sp", scale=1.0 / dp)
+                self.grad_sync = GradientSync(model.parameters(), dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
+                                              scale=1.0 / dp)
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
@@ -163,20 +199,64 @@ class AutospModule(torch.nn.Module):
         key = self._signature(leaves, spec)
         program = self._programs.get(key)
         if program is None:
+            self._check_ranks_agree(leaves, spec)
             program = self._compile(args, kwargs)
             self._programs[key] = program
         return program
 
+    def _check_ranks_agree(self, leaves, spec) -> None:
+        """Every rank of the group must pass the same full-sequence inputs: compare the
+        tensor inputs' sizes over the group (one small all-gather, under the process
+        group's timeout) and name the first argument and dimension that differ."""
+        if self.sp_group is None or collectives._SIMULATED or not dist.is_initialized():
+            return
+        group = self.sp_group
+        paths = input_paths(spec, leaves)
+        tensors = [(p, t) for p, t in zip(paths, leaves) if isinstance(t, torch.Tensor)]
+        mine = [len(tensors)]
+        for _, t in tensors:
+            mine += [t.dim(), *t.shape]
+        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+        ranks = dist.get_process_group_ranks(group)
+        n = torch.tensor([len(mine)], device=device)
+        lengths = [torch.zeros_like(n) for _ in ranks]
+        dist.all_gather(lengths, n, group=group)
+        width = int(max(x.item() for x in lengths))
+        vec = torch.tensor(mine + [-1] * (width - len(mine)), device=device)
+        gathered = [torch.zeros_like(vec) for _ in ranks]
+        dist.all_gather(gathered, vec, group=group)
+        table = [g.tolist() for g in gathered]
+
+        def fail(what: str, values) -> None:
+            each = ", ".join(f"rank {r}: {v}" for r, v in zip(ranks, values))
+            raise AutospError(f"{what} differs across the ranks of the sequence-parallel group ({each}); "
+                              "every rank of a group must pass the same full-sequence inputs")
+
+        if len({row[0] for row in table}) > 1:
+            fail("the number of tensor inputs", [row[0] for row in table])
+        pos = [1] * len(table)
+        for path, t in tensors:
+            dims = [row[p] for row, p in zip(table, pos)]
+            if len(set(dims)) > 1:
+                fail(f"the number of dimensions of {path}", dims)
+            for d in range(t.dim()):
+                sizes = [row[p + 1 + d] for row, p in zip(table, pos)]
+                if len(set(sizes)) > 1:
+                    kind = " (the sequence)" if d == self.seq_dim else ""
+                    fail(f"{path} dim {d}{kind}", sizes)
+            pos = [p + 1 + t.dim() for p in pos]
+
     def _compile(self, args, kwargs) -> CompiledProgram:
         return build_program(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             verbose=self.verbose, backend=self.backend, checkpointing=self.checkpointing)
+                             verbose=self.verbose, backend=self.backend, checkpointing=self.checkpointing,
+                             group_name=self.group_name, grad_bucket_bytes=self.grad_bucket_bytes)
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
         program = self.compile_for(*args, **kwargs)
         leaves, _ = pytree.tree_flatten((args, kwargs))
-        return program(self.module, leaves)
+        return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
 
     @property
     def programs(self) -> list[CompiledProgram]:
@@ -189,20 +269,38 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/DESIGN.md §2).
 
     Call it on every rank of an initialised torch.distributed job; every rank then calls
-    the returned module with the same full-sequence inputs. ``sp_size`` defaults to the
-    size of ``group`` (or the world; 1 without torch.distributed); a world larger than
-    ``sp_size`` is split into consecutive sequence-parallel groups (data-parallel
-    replicas). ``seq_dim`` is the inputs' sequence dimension. A scalar loss computed in the
-    model is the global loss on every rank; sequence-aligned outputs are this rank's shard,
-    or the full tensor with ``gather_outputs=True``. After ``backward()`` every parameter's
-    ``.grad`` is the single-device gradient (summed over the group, bucketed). Collectives
-    use the process group's timeout. Options: ``pipeline`` (a custom pass pipeline),
-    ``dump_dir`` (IR after every pass), ``verbose`` (compile timings), ``backend`` (a
-    ``torch.compile`` backend such as ``"inductor"`` for the emitted module, compiled as one
-    graph), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
+    the returned module with the same full-sequence inputs (the ranks of a group check, once
+    per compilation, that they agree on every input's sizes: an :class:`AutospError` names
+    the argument, the dimension and each rank's value). Inputs may be views (``tokens[:, 1:]``),
+    expanded tensors or int32 ids; they are passed on as dense tensors, and a view shares the
+    compilation of a dense tensor of the same shape. ``sp_size`` defaults to the size of
+    ``group`` (or the world; 1 without torch.distributed); a world larger than ``sp_size`` is
+    split into consecutive sequence-parallel groups (data-parallel replicas). ``seq_dim`` is
+    the inputs' sequence dimension. A scalar loss computed in the model is the global loss on
+    every rank; sequence-aligned outputs are this rank's shard, or the full tensor with
+    ``gather_outputs=True``.
+
+    Gradients: after ``backward()`` through a call of the returned module, every parameter's
+    ``.grad`` is the single-device gradient. The sum over the group belongs to that call: the
+    call passes the parameters through per-bucket identity functions (about
+    ``grad_bucket_bytes``, default 25 MiB, in reverse order of use) whose backward starts the
+    bucket's all-reduce as soon as backward completes it and adds only this call's summed
+    gradient to ``.grad``. So gradient accumulation over several backward calls is right,
+    ``torch.autograd.grad`` returns summed gradients, and the user's plain ``model(...)`` (or
+    a second compiled wrapper of it) is never synchronised by this one. Each compiled module
+    binds its collectives to its own process group under a name of its own
+    (``module.group_name``), so models compiled on different groups do not interfere.
+    Collectives use the process group's timeout.
+
+    Options: ``pipeline`` (a custom pass pipeline; its passes' default group name ``"sp"`` is
+    bound to this module's group), ``dump_dir`` (IR after every pass), ``verbose`` (compile
+    timings), ``backend`` (a ``torch.compile`` backend such as ``"inductor"`` for the emitted
+    module, compiled as one graph; the gradient all-reduces then start when the backward is
+    done), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
     autosp also averages gradients over the data-parallel replicas; pass False when wrapping
     the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
-    which then does it), ``checkpointing`` (``"off"``; ``"sac"``: sequence-aware, keep attention and its
+    which then does it), ``grad_bucket_bytes``, ``checkpointing`` (``"off"``; ``"sac"``:
+    sequence-aware, keep attention and its
     collectives, recompute the rest of each layer in backward; ``"sac-min"``: keep only
     each layer's input and attention's output, recompute the rest including q/k/v and their
     all-to-alls, never attention itself; ``"full"``: keep only each layer's input and

@@ -1,6 +1,6 @@
 """Collectives per layer and bytes moved by autosp, against the analytical Ulysses volume.
 
-    python bench/collectives.py [--seq 1024] [--world 2]
+    python bench/collectives.py [--seq 1024] [--world 2] [--bucket-mb 25]
 
 Every collective a rank issues during one training step (forward, backward and the
 gradient all-reduce) is seen by a dispatch mode: PyTorch's c10d and functional
@@ -9,11 +9,18 @@ keeps its own part). The analytical Ulysses minimum per attention layer and rank
 4 all-to-alls forward (q, k, v, output) and 4 backward, each sending (P-1)/P of a
 [B, S/P, heads x head_dim] tensor, with k and v at the KV-head width. Prints a table and
 appends it to bench/RESULTS.md.
+
+Overlap of the gradient all-reduce with backward: autosp starts each bucket's all-reduce
+(``--bucket-mb``, autosp's ``grad_bucket_bytes``) as soon as backward completes the
+bucket. The table reports the share of gradient bytes whose all-reduce was issued before
+the last backward compute op ran (the rest can only start after it), and the time from
+the first issue to the end of ``loss.backward()`` against the whole backward.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,6 +46,7 @@ class CollectiveCounter(TorchDispatchMode):
         self.rank, self.world = rank, world
         self.calls: Counter = Counter()
         self.sent: Counter = Counter()
+        self.op_times: list[float] = []  # when each non-collective op finished
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -50,8 +58,11 @@ class CollectiveCounter(TorchDispatchMode):
             nbytes = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
             kind = name.rstrip("_")
             if "all_to_all" in kind or "alltoall" in kind:
-                splits = args[2] if len(args) > 2 and args[2] else None  # input split sizes
-                flat = tensors[0]
+                if ns == "c10d":  # alltoall_base_(output, input, pg, output_splits, input_splits, ...)
+                    flat, splits = args[1], (args[4] or None)
+                else:  # all_to_all_single(input, output_splits, input_splits, group)
+                    flat, splits = args[0], (args[2] or None)
+                nbytes = flat.numel() * flat.element_size()
                 own = (splits[self.rank] * flat[0].numel() * flat.element_size() if splits and flat.dim() > 1
                        else splits[self.rank] * flat.element_size() if splits else nbytes // self.world)
                 nbytes -= own
@@ -61,23 +72,44 @@ class CollectiveCounter(TorchDispatchMode):
                 nbytes = nbytes * (self.world - 1) // self.world * 2  # ring all-reduce
             self.calls[kind] += 1
             self.sent[kind] += nbytes
-        return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.op_times.append(time.perf_counter())
+        return out
 
 
-def _body(rank, world, queue, cfg, seq, checkpointing):
+def overlap(op_times: list[float], step: dict, end: float, start: float) -> dict:
+    """Gradient all-reduce overlap of one backward from ``GradientSync.last_step``: the
+    share of bytes issued before the last backward compute op (ops inside the sync's own
+    issue windows and after its first wait do not count as compute), the time from the
+    first issue to ``end`` and the whole backward (``start`` to ``end``)."""
+    issues = step["issues"]
+    first_wait = step["first_wait"] if step["first_wait"] is not None else end
+    compute = [t for t in op_times if t < first_wait and not any(a <= t <= b for a, b, _ in issues)]
+    last_op = max(compute, default=start)
+    total = sum(n for _, _, n in issues)
+    early = sum(n for a, _, n in issues if a < last_op)
+    return dict(buckets=len(issues), fraction=early / total if total else 0.0,
+                issue_to_end_s=end - min((a for a, _, _ in issues), default=end), backward_s=end - start)
+
+
+def _body(rank, world, queue, cfg, seq, checkpointing, bucket_bytes):
     import autosp
     from autosp.testing.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     ids = torch.randint(0, cfg["vocab"], (1, seq))
-    compiled = autosp.compile(model, checkpointing=checkpointing)
+    compiled = autosp.compile(model, checkpointing=checkpointing, grad_bucket_bytes=bucket_bytes)
     compiled(ids, labels=ids)["loss"].backward()  # compile outside the count
     fwd, bwd = CollectiveCounter(rank, world), CollectiveCounter(rank, world)
     with fwd:
         loss = compiled(ids, labels=ids)["loss"]
+    start = time.perf_counter()
     with bwd:
         loss.backward()
-    queue.put((rank, (dict(fwd.calls), dict(fwd.sent), dict(bwd.calls), dict(bwd.sent))))
+    end = time.perf_counter()
+    ov = overlap(bwd.op_times, compiled.grad_sync.last_step, end, start)
+    queue.put((rank, (dict(fwd.calls), dict(fwd.sent), dict(bwd.calls), dict(bwd.sent), ov)))
 
 
 def analytical_bytes_per_layer(cfg: dict, seq: int, world: int, elem: int = 4) -> float:
@@ -92,15 +124,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size (MiB)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows = ["| model | P | all-to-all / layer fwd + bwd (Ulysses min 4 + 4) | other collectives / step | "
-            "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio |",
-            "|---|---|---|---|---|---|---|"]
+            "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio | grad buckets | "
+            "grad bytes issued before last bwd op | first issue to end of bwd / bwd (ms) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)
     for (name, cfg), checkpointing in [(m, c) for m in MODELS.items() for c in ("off", "sac", "full")]:
-        res = run_ranks(_body, args.world, args=(cfg, args.seq, checkpointing), timeout=600)
-        fc, fs, bc, bs = res[0]
+        res = run_ranks(_body, args.world, args=(cfg, args.seq, checkpointing, int(args.bucket_mb * 2**20)),
+                        timeout=600)
+        fc, fs, bc, bs, ov = res[0]
         layers = cfg["layers"]
         a2a = f"{fc.get('all_to_all', 0) / layers:g} + {bc.get('all_to_all', 0) / layers:g}"
         other = Counter(fc) + Counter(bc)
@@ -110,11 +145,13 @@ def main() -> None:
         ideal = analytical_bytes_per_layer(cfg, args.seq, args.world)
         label = name if checkpointing == "off" else f"{name}, checkpointing={checkpointing}"
         rows.append(f"| {label} | {args.world} | {a2a} | {other_text} | {sent / 2**20:.2f} | "
-                    f"{ideal / 2**20:.2f} | {sent / ideal:.2f} |")
+                    f"{ideal / 2**20:.2f} | {sent / ideal:.2f} | {ov['buckets']} | {100 * ov['fraction']:.0f}% | "
+                    f"{1e3 * ov['issue_to_end_s']:.1f} / {1e3 * ov['backward_s']:.1f} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        append_section("Collectives and bytes moved", f"S={args.seq}, fp32", table)
+        append_section("Collectives and bytes moved", f"S={args.seq}, fp32, gradient buckets of {args.bucket_mb:g} MiB",
+                       table)
 
 
 if __name__ == "__main__":

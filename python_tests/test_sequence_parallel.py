@@ -104,7 +104,8 @@ def test_matches_single_device(name, world, seqs, _fresh_seed):
 
 @pytest.mark.parametrize("sabotage", ["wrong_shard", "no_loss_reduce", "no_grad_sync"])
 def test_negative_controls_fail(sabotage, _fresh_seed):
-    results = run_ranks(_body, 2, args=("llama", (16,), _fresh_seed % 10000, sabotage), timeout=300)
+    # fresh=True: the sabotage patches the runtime before the emitter binds its functions
+    results = run_ranks(_body, 2, args=("llama", (16,), _fresh_seed % 10000, sabotage), timeout=300, fresh=True)
     worst = max(max(r[16]) for r in results.values())
     assert worst > 1e-3, f"sabotage '{sabotage}' went unnoticed (max rel err {worst:.1e})"
 
@@ -135,7 +136,7 @@ def _dp_sp_body(rank, world, queue, seed):
 
 def test_sp_smaller_than_world_forms_dp_x_sp_mesh(_fresh_seed):
     results = run_ranks(_dp_sp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
-    for rank, (replica, loss_err, grad_err, _, shape, names) in results.items():
+    for rank, (_replica, loss_err, grad_err, _, shape, names) in results.items():
         assert shape == (2, 2) and names == ("dp", "sp")
         assert loss_err <= TOL and grad_err <= TOL, f"rank {rank}: loss {loss_err:.2e} grads {grad_err:.2e}"
     assert results[0][3] == results[1][3] and results[2][3] == results[3][3]

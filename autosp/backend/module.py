@@ -4,10 +4,16 @@
 user's parameters/buffers feed which placeholder and how to rebuild the output
 structure. It looks the state up by name on every call, so the user's own
 ``Parameter`` objects are what the graph reads and what autograd writes ``.grad`` to.
+
+Gradient synchronisation is armed per call: given a ``GradientSync``, the call passes the
+parameters through that sync's per-bucket identity functions (``grad_buckets``: argument
+indices, in backward order), so only a backward through *this* call is summed over the
+group; the plain model and other compiled wrappers are untouched.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -23,8 +29,10 @@ class CompiledProgram:
     tensor_leaves: list[int]
     mlir: dict[str, str] = field(default_factory=dict)  # IR text per stage ("imported", "transformed")
     timings: dict[str, float] = field(default_factory=dict)
-    runner: object = None  # what is called: the GraphModule, or a torch.compile'd version of it
+    runner: Callable | None = None  # what is called: the GraphModule, or a torch.compile'd version of it
     checkpointing: str = "off"  # "sac" / "full": the runner recomputes planned segments in backward
+    grad_buckets: list[list[int]] = field(default_factory=list)  # parameter argument indices per bucket
+    sync_points_in_graph: bool = False  # the graph starts each bucket's all-reduce (grad_sync.sync_point)
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
@@ -36,8 +44,11 @@ class CompiledProgram:
             raise RuntimeError(f"autosp: the model no longer has parameter/buffer {e}; "
                                "recompile after changing its structure") from None
 
-    def __call__(self, model: torch.nn.Module, leaves: list) -> object:
+    def __call__(self, model: torch.nn.Module, leaves: list, grad_sync=None) -> object:
         inputs = [leaves[i] for i in self.tensor_leaves]
         run = self.runner if self.runner is not None else self.graph_module
-        outputs = run(*self.state_tensors(model), *inputs)
+        state = self.state_tensors(model)
+        if grad_sync is not None:
+            state = grad_sync.arm(state, self.grad_buckets, issue_here=not self.sync_points_in_graph)
+        outputs = run(*state, *inputs)
         return pytree.tree_unflatten(list(outputs), self.out_spec)

@@ -34,14 +34,16 @@ from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 
 # Ops kept whole: attention is what autosp partitions, softmax is what it matches in
-# manual attention; activations, because their decompositions save more for backward.
-_KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu")
+# manual attention; activations and layer norm, because their decompositions save more
+# for backward (torch-mlir's layer norm computes its variance in f64 and keeps x - mean,
+# its square and the f64 copy: 3.5x the input's bytes where the fused op keeps mean/rstd).
+_KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu", "layer_norm")
 
 
 # torch-mlir's backend pipeline decomposes these unless told they are legal.
 BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", "aten.scaled_dot_product_attention",
-                     # activations kept whole: their decompositions save more tensors for backward
-                     "aten.silu", "aten.gelu")
+                     # kept whole: their decompositions save more tensors for backward
+                     "aten.silu", "aten.gelu", "aten.native_layer_norm")
 
 
 def decomposition_table() -> dict:
@@ -84,7 +86,8 @@ class ImportedModel:
         return str(self.module)
 
 
-def _input_paths(in_spec, leaves) -> list[str]:
+def input_paths(in_spec, leaves) -> list[str]:
+    """Each leaf's path as the user wrote it: ``args[0]``, ``kwargs['labels']``."""
     flat = pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, in_spec))[0]
     out = []
     for path, _ in flat:
@@ -118,14 +121,27 @@ class _StateAsInputs(torch.nn.Module):
                                           tie_weights=True, strict=False)
 
 
+def prepare_input(x):
+    """An input as export and the compiled program take it: a tensor that is not dense (a
+    slice such as ``tokens[:, 1:]``, an ``expand``-ed tensor) becomes a contiguous copy, so
+    the program sees the same layout at every call (strides are not part of a
+    compilation's signature); anything else is returned as is.
+
+    Example::
+
+        >>> prepare_input(torch.arange(8).expand(2, 8)).stride()
+        (8, 1)
+    """
+    if isinstance(x, torch.Tensor) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
 def model_state(model: torch.nn.Module) -> tuple[list[str], list[str], list[torch.Tensor]]:
     """(names, kinds, tensors) of the model's parameters (tied ones once) then buffers."""
-    names, kinds, tensors = [], [], []
-    for n, p in model.named_parameters():
-        names.append(n), kinds.append("parameter"), tensors.append(p)
-    for n, b in model.named_buffers():
-        names.append(n), kinds.append("buffer"), tensors.append(b)
-    return names, kinds, tensors
+    entries = [(n, "parameter", p) for n, p in model.named_parameters()]
+    entries += [(n, "buffer", b) for n, b in model.named_buffers()]
+    return [e[0] for e in entries], [e[1] for e in entries], [e[2] for e in entries]
 
 
 def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context: ir.Context | None = None,
@@ -143,9 +159,11 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     start = time.perf_counter()
     names, kinds, state = model_state(model)
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    # torch.export's guards fail on some views (an internal AttributeError): export dense copies.
+    leaves = [prepare_input(x) for x in leaves]
     tensor_leaves = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     inputs = [leaves[i] for i in tensor_leaves]
-    paths = _input_paths(in_spec, leaves)
+    paths = input_paths(in_spec, leaves)
 
     seq_len = None
     if seq_dim is not None:

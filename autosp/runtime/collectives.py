@@ -1,8 +1,11 @@
 """Runtime collectives: what the autosp dialect's ops become in the emitted FX graph.
 
-Each function takes a group *name* (``"sp"``) resolved through :func:`register_group`,
-so emitted graphs hold no process-group objects. On a group of one rank every function
-is an identity, which keeps ``sp_size=1`` an exact round trip.
+Each function takes a group *name* resolved through :func:`register_group`, so emitted
+graphs hold no process-group objects. Every compiled module uses a name of its own
+(``autosp0``, ``autosp1``, ...) bound to its own process group, so two modules on
+different groups never resolve each other's; a name nobody registered (``"sp"`` in a
+hand-written test) means the default group. On a group of one rank every function is an
+identity, which keeps ``sp_size=1`` an exact round trip.
 
 **Sequence chunks.** A sequence of length S is split over P ranks evenly: rank r holds
 positions ``[r*S // P, (r+1)*S // P)``; lengths differ by at most one, so no length needs
@@ -64,7 +67,8 @@ class _SimulatedExchange(torch.autograd.Function):
 
 
 def register_group(name: str, group) -> None:
-    """Bind a group name used in the IR (``group = "sp"``) to a process group (None: world)."""
+    """Bind a group name used in the IR (``group = "autosp0"``) to a process group (None:
+    the default group). ``AutospModule`` registers one unique name per module."""
     _GROUPS[name] = group
 
 
