@@ -173,12 +173,15 @@ class LlamaLike(nn.Module):
             x = blk(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         out = {"logits": logits}
+        # The loss is computed in fp32 whatever the model's dtype, as transformers does: a
+        # bf16 cross-entropy rounds the loss (and its gradient) to ~3 significant digits.
         if labels is not None and self.cfg.shift_labels:
-            shift_logits = logits[:, :-1, :].reshape(-1, self.cfg.vocab)
+            shift_logits = logits[:, :-1, :].float().reshape(-1, self.cfg.vocab)
             shift_labels = labels[:, 1:].reshape(-1)
             out["loss"] = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
         elif labels is not None:
-            out["loss"] = F.cross_entropy(logits.reshape(-1, self.cfg.vocab), labels.reshape(-1), ignore_index=-100)
+            out["loss"] = F.cross_entropy(logits.float().reshape(-1, self.cfg.vocab), labels.reshape(-1),
+                                          ignore_index=-100)
         return out
 
 
@@ -258,7 +261,7 @@ class GPT2Like(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if labels is None:
             return (logits,)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, self.cfg.vocab), labels[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, self.cfg.vocab), labels[:, 1:].reshape(-1))
         return loss, logits
 
 
