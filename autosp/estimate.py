@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -74,7 +75,9 @@ def _meta_model(model_or_config, dtype: torch.dtype) -> torch.nn.Module:
     if isinstance(model_or_config, str):
         if model_or_config not in LLAMA_PRESETS:
             raise ValueError(f"unknown model preset '{model_or_config}' (presets: {', '.join(LLAMA_PRESETS)})")
-        model_or_config = LlamaConfig(**LLAMA_PRESETS[model_or_config])
+        # The presets' values mix ints and bools: mypy infers dict[str, int] for them.
+        preset: dict[str, Any] = LLAMA_PRESETS[model_or_config]
+        model_or_config = LlamaConfig(**preset)
     if isinstance(model_or_config, LlamaConfig):
         with torch.device("meta"):
             model = LlamaLike(model_or_config)

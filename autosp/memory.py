@@ -168,20 +168,21 @@ def measure_step(forward, exclude=(), backward: bool = True) -> MemoryReport:
     """
     exclude = list(exclude)
     on_meta = bool(exclude) and exclude[0].device.type == "meta"
-    tracker = PeakTracker() if on_meta else None
-    fwd = AllocatorPeak() if not on_meta else None
-    with (tracker if on_meta else fwd), SavedTensors(exclude) as saved:
+    meter: PeakTracker | AllocatorPeak = PeakTracker() if on_meta else AllocatorPeak()
+    with meter, SavedTensors(exclude) as saved:
         out = forward()
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     loss = leaves[0]
     out_bytes = sum({_storage_key(t): t.untyped_storage().nbytes() for t in leaves}.values())
-    if on_meta:
+    if isinstance(meter, PeakTracker):
+        tracker = meter
         retained = tracker.current() - out_bytes
         if backward:
             with tracker:
                 loss.backward()
         peak = tracker.peak_bytes
     else:
+        fwd = meter
         retained = fwd.end_bytes - out_bytes
         peak = fwd.peak_bytes
         if backward:

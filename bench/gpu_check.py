@@ -123,7 +123,7 @@ def main() -> int:
                 p.grad = None
             runner = model if mode == "eager" else autosp.compile(model, sp_size=1, checkpointing=mode)
 
-            def run():
+            def run(runner=runner, ids=ids):
                 for p in model.parameters():
                     p.grad = None
                 runner(ids, labels=ids)["loss"].backward()

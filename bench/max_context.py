@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autosp.api import CHECKPOINTING  # noqa: E402
 from autosp.estimate import GiB, MemoryModel, max_context  # noqa: E402
 from results import append_section  # noqa: E402
 
@@ -39,7 +40,7 @@ def main() -> None:
     print(rows[0], flush=True)
     for name in args.models:
         found = {}
-        for mode in ("off", "sac", "sac-min", "full"):
+        for mode in CHECKPOINTING:
             start = time.perf_counter()
             found[mode] = max_context(budget, name, sp_size=args.sp, dtype=torch.bfloat16, checkpointing=mode,
                                       zero_stage=3, granularity=args.granularity)

@@ -36,7 +36,7 @@ def _body(rank, world, queue, seq):
     for mode in MODES:
         compiled = autosp.compile(model, checkpointing=mode)
         compiled(ids, labels=ids)["loss"].backward()
-        reports = [measure_step(lambda: compiled(ids, labels=ids)["loss"], model.parameters()) for _ in range(2)]
+        reports = [measure_step(lambda compiled=compiled: compiled(ids, labels=ids)["loss"], model.parameters()) for _ in range(2)]
         out[mode] = (reports[0].saved_bytes, min(r.peak_bytes for r in reports))
     queue.put((rank, out))
 

@@ -123,7 +123,7 @@ def main() -> None:
 
     lines = ["| S | system | step s | first step s | saved MiB/rank | peak MiB/rank | loss - single |",
              "|---|---|---|---|---|---|---|"]
-    for (seq, system), r in rows.items():
+    for (seq, _system), r in rows.items():
         single = rows.get((seq, "single"))
         dloss = f"{r['loss'] - single['loss']:+.1e}" if single else "n/a"
         lines.append(f"| {seq} | {r['name']} | {r['step']:.3f} | {r['first']:.1f} | {r['saved']:.1f} | "

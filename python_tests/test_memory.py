@@ -65,7 +65,7 @@ def _measure_body(rank, world, queue, seed):
     for mode in ("off", "sac", "full"):
         compiled = autosp.compile(model, checkpointing=mode)
         compiled(ids, labels=ids)["loss"].backward()  # compile and warm up outside the measurement
-        reports = [measure_step(lambda: compiled(ids, labels=ids)["loss"], model.parameters()) for _ in range(3)]
+        reports = [measure_step(lambda compiled=compiled: compiled(ids, labels=ids)["loss"], model.parameters()) for _ in range(3)]
         out[mode] = (reports[0].saved_bytes, min(r.peak_bytes for r in reports))
     queue.put((rank, out))
 

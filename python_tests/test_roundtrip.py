@@ -44,7 +44,7 @@ def _perturb(gm: torch.fx.GraphModule) -> None:
         if node.op == "call_function" and node.target in targets:
             with gm.graph.inserting_after(node):
                 scaled = gm.graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.001))
-            node.replace_all_uses_with(scaled, delete_user_cb=lambda u: u is not scaled)
+            node.replace_all_uses_with(scaled, delete_user_cb=lambda u, scaled=scaled: u is not scaled)
             gm.recompile()
             return
     raise AssertionError("no matmul to perturb")

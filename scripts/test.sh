@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Run every test: the lit compiler tests, then pytest. Fails if any test fails or none ran.
+# Run every test: static checks (ruff, mypy), the lit compiler tests, then pytest. Fails if any test fails or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 start=$(date +%s)
 
+echo "== static checks (ruff, mypy)"
+static_rc=0
+ruff check . || static_rc=1
+mypy autosp passes || static_rc=1
+
 echo "== lit (compiler tests)"
+lit_start=$(date +%s)
 lit_out=$(lit -sv lit_tests 2>&1); lit_rc=$?
 echo "$lit_out" | tail -n 40
 if ! echo "$lit_out" | grep -Eq "(Passed|Total Discovered Tests): *[1-9]"; then
   echo "lit ran no test"; lit_rc=1
 fi
 
+echo "== lit time: $(( $(date +%s) - lit_start ))s"
+
 echo "== pytest"
-python -m pytest -q python_tests "$@"; py_rc=$?
+# Parity tests reuse their spawned gloo ranks between tests (python_tests/conftest.py,
+# AUTOSP_RANK_POOL); the slowest tests are listed so a slow new one is noticed.
+python -m pytest -q --durations=15 python_tests "$@"; py_rc=$?
 [ $py_rc -eq 5 ] && echo "pytest ran no test"
 
-echo "== suite time: $(( $(date +%s) - start ))s (lit rc=$lit_rc, pytest rc=$py_rc)"
-[ $lit_rc -eq 0 ] && [ $py_rc -eq 0 ]
+echo "== suite time: $(( $(date +%s) - start ))s (static rc=$static_rc, lit rc=$lit_rc, pytest rc=$py_rc)"
+[ $static_rc -eq 0 ] && [ $lit_rc -eq 0 ] && [ $py_rc -eq 0 ]
