@@ -61,8 +61,8 @@ def _check(rank, queue, seq, seed):
                       "a2a": mlir.count('"autosp.all_to_all"')}))
 
 
-@pytest.mark.parametrize("world, seq", [(2, 16), (2, 15), (4, 32), (4, 33)],
-                         ids=["P2-S16", "P2-S15", "P4-S32", "P4-S33"])
+# S not divisible by P at P = 2, divisible at P = 4 (suite time: each case compiles per rank).
+@pytest.mark.parametrize("world, seq", [(2, 15), (4, 32)], ids=["P2-S15", "P4-S32"])
 def test_falcon_one_kv_head_matches_single_device(world, seq, _fresh_seed):
     results = run_ranks(_body, world, args=(seq, _fresh_seed % 10000, False), timeout=300)
     print(f"falcon P={world} S={seq}: {results}")
