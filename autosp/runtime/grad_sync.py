@@ -84,15 +84,20 @@ class _SyncCall:
         return out
 
 
+def _bucket_identity(ctx, call, k, params):
+    """The forward of :class:`_Wait` and :class:`_Issue`: the bucket's tensors, as views."""
+    ctx.call, ctx.k = call, k
+    ctx.metas = [(p.shape, p.dtype, p.device) for p in params]
+    ctx.set_materialize_grads(False)
+    return tuple(p.view_as(p) for p in params)
+
+
 class _Wait(torch.autograd.Function):
     """Identity forward; backward: this call's gradients of the bucket, summed over the group."""
 
     @staticmethod
     def forward(ctx, call, k, *params):
-        ctx.call, ctx.k = call, k
-        ctx.metas = [(p.shape, p.dtype, p.device) for p in params]
-        ctx.set_materialize_grads(False)
-        return tuple(p.view_as(p) for p in params)
+        return _bucket_identity(ctx, call, k, params)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -106,10 +111,7 @@ class _Issue(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, k, *params):
-        ctx.call, ctx.k = call, k
-        ctx.metas = [(p.shape, p.dtype, p.device) for p in params]
-        ctx.set_materialize_grads(False)
-        return tuple(p.view_as(p) for p in params)
+        return _bucket_identity(ctx, call, k, params)
 
     @staticmethod
     def backward(ctx, *grads):
