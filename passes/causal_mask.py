@@ -85,9 +85,6 @@ class Lin:
     def __sub__(self, other: "Lin") -> "Lin":
         return self + other.scale(-1)
 
-    def index_vars(self) -> set:
-        return {v for v, _ in self.terms if isinstance(v, int)}
-
     def is_const(self) -> bool:
         return not self.terms
 

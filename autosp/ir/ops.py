@@ -70,8 +70,6 @@ COMMUNICATION_OPS = ("autosp.all_to_all", "autosp.all_gather", "autosp.all_reduc
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.
 SIDE_EFFECT_OPS = ("func.return", "torch.overwrite.tensor.contents", "torch.prim.Print", "torch.runtime.assert")
-# Random ops: their value differs per call, so nothing derived from one is a constant.
-RANDOM_OP_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial")
 
 
 def is_inplace(name: str) -> bool:
