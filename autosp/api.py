@@ -13,18 +13,24 @@ another sequence length does not (the sequence dimension is symbolic).
 """
 from __future__ import annotations
 
+import io
 import itertools
+import pickle  # programs travel between the ranks of one group
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
+from torch_mlir import ir
 
 from autosp.backend.fx_emitter import emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
-from autosp.frontend.importer import import_model, input_paths, prepare_input
+from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input
+from autosp.ir.core import make_context
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
@@ -62,16 +68,38 @@ def _resolve_sp_size(sp_size: int | None, group) -> int:
     return sp_size
 
 
-def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
-                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off",
-                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
-    """Export ``model`` on these example inputs, run the pass pipeline for ``sp_size`` ranks
-    (plus ``autosp-checkpoint`` unless ``checkpointing="off"``) and emit the program.
-    Needs no process group: the program's collectives name their group ``group_name``,
-    bound to a process group with ``collectives.register_group`` before the program runs.
-    The parameters are bucketed for gradient synchronisation (``grad_bucket_bytes``, in
-    reverse order of first use) and a sync point is put before each bucket's first use."""
+@dataclass
+class Transformed:
+    """A model after the frontend and the pass pipeline: everything :func:`emit_program`
+    needs, and nothing that belongs to one rank (so one rank can compile for its group)."""
+    module: ir.Operation  # the transformed builtin.module
+    args: list[ArgInfo]
+    out_spec: object
+    tensor_leaves: list[int]
+    mlir: dict[str, str]
+    timings: dict[str, float]
+
+    def to_bytes(self) -> bytes:
+        """The program as bytes (MLIR bytecode, with source locations, plus its metadata)."""
+        buffer = io.BytesIO()
+        self.module.write_bytecode(buffer)
+        return pickle.dumps((buffer.getvalue(), self.args, self.out_spec, self.tensor_leaves, self.mlir,
+                             self.timings))
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "Transformed":
+        code, args, out_spec, tensor_leaves, mlir, timings = pickle.loads(data)  # sent by the group's first rank
+        with make_context():
+            module = ir.Module.parse(code).operation
+        return Transformed(module, args, out_spec, tensor_leaves, mlir, timings)
+
+
+def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
+              gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
+              checkpointing: str = "off", group_name: str = "sp") -> Transformed:
+    """Export ``model`` on these example inputs and run the pass pipeline for ``sp_size``
+    ranks (plus ``autosp-checkpoint`` unless ``checkpointing="off"``). The result is the same
+    on every rank: collectives name their group ``group_name`` and find their rank at run time."""
     start = time.perf_counter()
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
@@ -83,19 +111,29 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
     if checkpointing != "off":
         run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})",
                      PipelineOptions(dump_dir=dump_dir))
-    t_pipeline = time.perf_counter() - t0
     mlir["transformed"] = str(imported.module)
+    timings = dict(imported.timings, pipeline_s=time.perf_counter() - t0, transform_s=time.perf_counter() - start)
+    return Transformed(imported.module, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+
+
+def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
+                 backend: str | None = None, checkpointing: str = "off",
+                 grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
+    """Emit a transformed program as a GraphModule this rank calls. The parameters are
+    bucketed for gradient synchronisation (``grad_bucket_bytes``, in reverse order of first
+    use) and a sync point is put before each bucket's first use."""
     t0 = time.perf_counter()
-    gm = emit_graph_module(imported.module)
+    gm = emit_graph_module(transformed.module)
     t_emit = time.perf_counter() - t0
-    timings = dict(imported.timings, pipeline_s=t_pipeline, emit_s=t_emit,
-                   total_s=time.perf_counter() - start)
+    timings = dict(transformed.timings, emit_s=t_emit)
+    timings["total_s"] = timings.get("transform_s", 0.0) + t_emit
     if verbose:
+        shared = " (received from the group's first rank)" if timings.get("received") else ""
         print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
-              f"import {timings['import_s']:.2f}s, passes {t_pipeline:.2f}s, emit {t_emit:.3f}s)",
-              file=sys.stderr)
+              f"import {timings['import_s']:.2f}s{' cached' if timings.get('import_cached') else ''}, "
+              f"passes {timings['pipeline_s']:.2f}s, emit {t_emit:.3f}s){shared}", file=sys.stderr)
     params = dict(model.named_parameters())
-    sizes = {i: params[a.name].numel() * params[a.name].element_size() for i, a in enumerate(imported.args)
+    sizes = {i: params[a.name].numel() * params[a.name].element_size() for i, a in enumerate(transformed.args)
              if a.kind == "parameter" and params[a.name].requires_grad}
     buckets = plan_buckets(gm, sizes, grad_bucket_bytes)
     planned = has_plan(gm)
@@ -105,8 +143,9 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
     in_graph = backend is None or planned
     if in_graph:
         insert_sync_points(gm, buckets)
-    program = CompiledProgram(gm, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings,
-                              checkpointing=checkpointing, grad_buckets=buckets, sync_points_in_graph=in_graph)
+    program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
+                              transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
+                              sync_points_in_graph=in_graph)
     compile_ = None
     if backend is not None:
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
@@ -118,6 +157,45 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
     elif compile_ is not None:
         program.runner = compile_(gm)
     return program
+
+
+def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
+                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
+                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off",
+                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
+    """:func:`transform` then :func:`emit_program`, on this rank alone. Needs no process
+    group: the program's collectives name their group ``group_name``, bound to a process
+    group with ``collectives.register_group`` before the program runs."""
+    transformed = transform(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, gather_outputs=gather_outputs,
+                            pipeline=pipeline, dump_dir=dump_dir, checkpointing=checkpointing,
+                            group_name=group_name)
+    return emit_program(model, transformed, verbose=verbose, backend=backend, checkpointing=checkpointing,
+                        grad_bucket_bytes=grad_bucket_bytes)
+
+
+def _transform_once_per_group(run, group) -> Transformed:
+    """``run()`` on the group's first rank; its result (or its error) broadcast to the rest,
+    under the process group's timeout. Saves the other ranks' CPU time: a compilation is
+    mostly tracing, and the ranks of a node share its cores."""
+    first = dist.get_process_group_ranks(group)[0]
+    payload: list[object] = [None]
+    if dist.get_rank() == first:
+        try:
+            transformed = run()
+            payload[0] = ("ok", transformed.to_bytes())
+        except Exception as e:
+            payload[0] = ("error", f"{type(e).__name__}: {e}")
+            dist.broadcast_object_list(payload, src=first, group=group)
+            raise
+        dist.broadcast_object_list(payload, src=first, group=group)
+        return transformed
+    dist.broadcast_object_list(payload, src=first, group=group)
+    kind, data = cast(tuple[str, Any], payload[0])
+    if kind != "ok":
+        raise AutospError(f"rank {first} could not compile the model for this group: {data}")
+    transformed = Transformed.from_bytes(data)
+    transformed.timings["received"] = 1.0
+    return transformed
 
 
 class AutospModule(torch.nn.Module):
@@ -247,10 +325,20 @@ class AutospModule(torch.nn.Module):
             pos = [p + 1 + t.dim() for p in pos]
 
     def _compile(self, args, kwargs) -> CompiledProgram:
-        return build_program(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
+        """Transform on the group's first rank and send the program to the others (it is
+        the same on every rank); each rank emits its own GraphModule."""
+        def run():
+            return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             verbose=self.verbose, backend=self.backend, checkpointing=self.checkpointing,
-                             group_name=self.group_name, grad_bucket_bytes=self.grad_bucket_bytes)
+                             checkpointing=self.checkpointing, group_name=self.group_name)
+
+        group = self.sp_group
+        if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
+            transformed = run()
+        else:
+            transformed = _transform_once_per_group(run, group)
+        return emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
+                            checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):

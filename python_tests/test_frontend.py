@@ -87,4 +87,37 @@ def test_untraceable_model_gives_a_clear_error():
 
 def test_import_timings_recorded(llama_import):
     _, imported = llama_import
-    assert set(imported.timings) == {"export_s", "import_s"}
+    assert set(imported.timings) == {"export_s", "import_s", "import_cached"}
+
+
+def test_an_exported_program_seen_before_is_imported_from_the_cache():
+    """A second model of one architecture exports to the same program: its import comes from
+    the cache (same MLIR, source locations included) and is a copy, so passes run on one
+    import do not reach the next. Another batch size, another architecture or another
+    decomposition table is imported afresh."""
+    from autosp.frontend import importer
+    from autosp.pipeline import run_pipeline
+    cfg = LlamaConfig(vocab=64, hidden=32, layers=1, heads=4, kv_heads=2)
+    ids = torch.randint(0, 64, (2, 12))
+    first = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    twin = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    assert twin.timings["import_cached"] == 1.0 and first.timings["import_cached"] == 0.0
+    assert twin.module.get_asm(enable_debug_info=True) == first.module.get_asm(enable_debug_info=True)
+    run_pipeline(twin.module, "builtin.module(autosp-sp-pipeline{sp-size=2})")
+    assert "autosp.all_to_all" in str(twin.module)
+    third = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    assert third.timings["import_cached"] == 1.0 and str(third.module) == str(first.module)
+
+    misses = {
+        "batch": autosp.import_model(LlamaLike(cfg), ids[:1], labels=ids[:1]),
+        "architecture": autosp.import_model(
+            LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=1, heads=4, kv_heads=4)), ids, labels=ids),
+    }
+    original = importer._KEEP_WHOLE
+    try:
+        importer._KEEP_WHOLE = tuple(k for k in original if k != "silu")
+        misses["table"] = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    finally:
+        importer._KEEP_WHOLE = original
+    assert {k: m.timings["import_cached"] for k, m in misses.items()} == dict.fromkeys(misses, 0.0)
+    assert "torch.aten.silu" in str(first.module) and "torch.aten.silu" not in str(misses["table"].module)

@@ -67,3 +67,44 @@ def test_two_models_on_different_groups_in_one_job(_fresh_seed):
         control = r["control"]
         assert isinstance(control, str) or control > 1e-3, \
             f"rank {rank}: A still matched on B's group (rel err {control:.1e})"
+
+
+# ------------------------------------------------------------- one compilation per group
+def _once_per_group_body(rank, world, queue, seed):
+    """The group's first rank transforms the model and sends the program; the others emit
+    it without tracing. Then a failure on the first rank reaches the others as an error
+    naming it, within the collective timeout."""
+    import autosp
+    from autosp import api
+    from autosp.ir.diagnostics import AutospError
+    torch.manual_seed(seed)
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    result = {"error": _check(reference, compiled, torch.Generator().manual_seed(seed + 1))}
+    result["received"] = compiled.programs[0].timings.get("received", 0.0)
+
+    original = api.transform
+
+    def failing(*args, **kwargs):
+        raise AutospError("the model cannot be traced (injected on the first rank)")
+
+    if rank == 0:
+        api.transform = failing
+    try:  # restored below: pooled ranks run the next test in this process
+        autosp.compile(_model())(torch.zeros(2, 8, dtype=torch.long))
+        result["failure"] = "no error"
+    except AutospError as e:
+        result["failure"] = str(e)
+    finally:
+        api.transform = original
+    queue.put((rank, result))
+
+
+def test_the_first_rank_compiles_for_its_group(_fresh_seed):
+    results = run_ranks(_once_per_group_body, 2, args=(_fresh_seed % 10000,), timeout=300, collective_timeout=60)
+    assert all(r["error"] <= TOL for r in results.values()), results
+    assert [results[r]["received"] for r in (0, 1)] == [0.0, 1.0]
+    assert "injected on the first rank" in results[0]["failure"]
+    assert results[1]["failure"].startswith("rank 0 could not compile the model for this group: AutospError: "
+                                            "the model cannot be traced"), results[1]["failure"]
