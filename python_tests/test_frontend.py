@@ -90,23 +90,38 @@ def test_import_timings_recorded(llama_import):
     assert set(imported.timings) == {"export_s", "import_s", "import_cached"}
 
 
-def test_an_exported_program_seen_before_is_imported_from_the_cache():
+def test_an_exported_program_seen_before_is_imported_from_the_cache(monkeypatch, tmp_path):
     """A second model of one architecture exports to the same program: its import comes from
     the cache (same MLIR, source locations included) and is a copy, so passes run on one
     import do not reach the next. Another batch size, another architecture or another
-    decomposition table is imported afresh."""
-    from autosp.frontend import importer
+    decomposition table is imported afresh. With AUTOSP_CACHE_DIR, a new process (here: an
+    emptied memory cache) reads the import from disk; an unreadable entry is a miss."""
+    from autosp.frontend import cache, importer
     from autosp.pipeline import run_pipeline
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path))
+    cache.clear_memory()
     cfg = LlamaConfig(vocab=64, hidden=32, layers=1, heads=4, kv_heads=2)
     ids = torch.randint(0, 64, (2, 12))
     first = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
     twin = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
     assert twin.timings["import_cached"] == 1.0 and first.timings["import_cached"] == 0.0
-    assert twin.module.get_asm(enable_debug_info=True) == first.module.get_asm(enable_debug_info=True)
+    asm = first.module.get_asm(enable_debug_info=True)
+    assert twin.module.get_asm(enable_debug_info=True) == asm and "modeling" not in asm
+    assert "models.py" in asm  # source locations survive the cache
     run_pipeline(twin.module, "builtin.module(autosp-sp-pipeline{sp-size=2})")
     assert "autosp.all_to_all" in str(twin.module)
     third = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
     assert third.timings["import_cached"] == 1.0 and str(third.module) == str(first.module)
+
+    cache.clear_memory()
+    from_disk = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    assert from_disk.timings["import_cached"] == 1.0
+    assert from_disk.module.get_asm(enable_debug_info=True) == asm
+    for entry in tmp_path.glob("*.mlirbc"):
+        entry.write_bytes(b"not bytecode")
+    cache.clear_memory()
+    damaged = autosp.import_model(LlamaLike(cfg), ids, labels=ids)
+    assert damaged.timings["import_cached"] == 0.0 and str(damaged.module) == str(first.module)
 
     misses = {
         "batch": autosp.import_model(LlamaLike(cfg), ids[:1], labels=ids[:1]),

@@ -11,21 +11,24 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
+# --no-compile: pip would byte-compile every file of torch (about a minute on 2 cores) where
+# a run imports a fraction of them; Python compiles those at first import instead (below,
+# and in scripts/test.sh, with bytecode writing on even where PYTHONDONTWRITEBYTECODE is set).
 
 if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith(("2.13", "2.14")) else 1)' 2>/dev/null; then
   # Prefer a CPU wheel already on this machine (pip's find-links folder); its dependencies
   # come from the package index. Never let pip resolve a CUDA torch on a CPU machine.
   LOCAL_WHEEL=$(ls "${PIP_FIND_LINKS:-/opt/wheels}"/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1 || true)
   if [ -n "$LOCAL_WHEEL" ]; then
-    "${PIP[@]}" install "$LOCAL_WHEEL"
-  elif ! "${PIP[@]}" install --no-index torch==2.13.0 2>/dev/null; then
+    "${PIP[@]}" install --no-compile "$LOCAL_WHEEL"
+  elif ! "${PIP[@]}" install --no-compile --no-index torch==2.13.0 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-      "${PIP[@]}" install torch==2.13.0
+      "${PIP[@]}" install --no-compile torch==2.13.0
     else
-      "${PIP[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+      "${PIP[@]}" install --no-compile torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
     fi
   fi
 fi
 # torch is already satisfied, so this installs torch-mlir, numpy and the test tools only.
-"${PIP[@]}" install -e '.[test]'
-.venv/bin/python -c 'import torch, torch_mlir, autosp; print(f"autosp {autosp.__version__}: torch {torch.__version__}, torch-mlir ready")'
+"${PIP[@]}" install --no-compile -e '.[test]'
+PYTHONDONTWRITEBYTECODE= .venv/bin/python -c 'import torch, torch_mlir, transformers, autosp.api, autosp; print(f"autosp {autosp.__version__}: torch {torch.__version__}, torch-mlir ready")'

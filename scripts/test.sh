@@ -3,6 +3,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
+# Cache bytecode as modules are first imported (setup installs without compiling everything).
+export PYTHONDONTWRITEBYTECODE=
 start=$(date +%s)
 
 echo "== static checks (ruff, mypy)"
@@ -21,9 +23,11 @@ fi
 echo "== lit time: $(( $(date +%s) - lit_start ))s"
 
 echo "== pytest"
-# Parity tests reuse their spawned gloo ranks between tests (python_tests/conftest.py,
-# AUTOSP_RANK_POOL); the slowest tests are listed so a slow new one is noticed.
-python -m pytest -q --durations=15 python_tests "$@"; py_rc=$?
+# Two pytest workers: a parity test's ranks wait while its first rank compiles for the
+# group, so one test at a time leaves a core idle. Parity tests reuse their spawned gloo
+# ranks between tests (AUTOSP_RANK_POOL) and share one import cache (AUTOSP_CACHE_DIR; see
+# python_tests/conftest.py). The slowest tests are listed so a slow new one is noticed.
+python -m pytest -q -n "${AUTOSP_TEST_WORKERS:-2}" --durations=15 python_tests "$@"; py_rc=$?
 [ $py_rc -eq 5 ] && echo "pytest ran no test"
 
 echo "== suite time: $(( $(date +%s) - start ))s (static rc=$static_rc, lit rc=$lit_rc, pytest rc=$py_rc)"

@@ -17,10 +17,7 @@ Example::
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +29,7 @@ from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from autosp.frontend import symbolic
+from autosp.frontend import cache, symbolic
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 
@@ -194,14 +191,14 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 
     start = time.perf_counter()
     table = decomposition_table()
-    key = program_key(program, table)
-    module = _cached_import(key, context)
-    timings["import_cached"] = float(module is not None)
-    if module is None:
+    key = cache.program_key(program, table, BACKEND_LEGAL_OPS)
+    hit = cache.lookup(key, context)
+    timings["import_cached"] = float(hit is not None)
+    if hit is None:
         module = _decompose_and_import(program, table, context or make_context())
-        _IMPORTS[key] = module.clone()
-        while len(_IMPORTS) > IMPORT_CACHE_SIZE:
-            _IMPORTS.popitem(last=False)
+        cache.store(key, module)
+    else:
+        module = hit[0]
     timings["import_s"] = time.perf_counter() - start
 
     arg_infos = [ArgInfo(k, n) for n, k in zip(names, kinds)]
@@ -210,66 +207,6 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     return ImportedModel(module=module, args=arg_infos, in_spec=in_spec, leaves=leaves,
                          tensor_leaves=tensor_leaves, out_spec=program.call_spec.out_spec,
                          seq_len=seq_len, timings=timings)
-
-
-# Imports by exported program (see program_key), most recent last: the decomposition
-# trace and the torch-mlir import are most of a compilation, and the same program is often
-# compiled again in one process (a policy and a reference model of one architecture, another
-# sp_size or checkpointing mode, memory estimates).
-IMPORT_CACHE_SIZE = 8
-_IMPORTS: OrderedDict[str, ir.Operation] = OrderedDict()
-
-
-def program_key(program: torch.export.ExportedProgram, table: dict) -> str:
-    """A digest of everything the decomposition and the import read: the decomposition
-    table's ops and the ops kept legal, and from ``program`` the graph's code, each node's
-    source location (it becomes the op's MLIR location), each placeholder's shape, strides,
-    dtype and device (symbolic sizes by name), the symbols' ranges, the signature, the
-    output structure and the lifted constants (values, or shape and dtype for meta tensors).
-    Two programs with one key import to the same MLIR."""
-    h = hashlib.sha256()
-
-    def put(x: object) -> None:
-        h.update(str(x).encode())
-        h.update(b"\0")
-
-    put(sorted(map(str, table)))
-    put(BACKEND_LEGAL_OPS)
-    put(program.graph_module.code)
-    for node in program.graph.nodes:
-        put(node.meta.get("stack_trace"))
-        val = node.meta.get("val")
-        if node.op == "placeholder":
-            if isinstance(val, torch.Tensor):
-                put((tuple(map(str, val.shape)), tuple(map(str, val.stride())), val.dtype, val.device))
-            else:
-                put(repr(val))
-    put(sorted((str(k), str(v)) for k, v in program.range_constraints.items()))
-    put(program.graph_signature)
-    put(program.call_spec)
-    for name, const in sorted(program.constants.items()):
-        put(name)
-        if isinstance(const, torch.Tensor):
-            put((const.dtype, tuple(const.shape), const.device))
-            if const.device.type != "meta":
-                h.update(const.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            put(repr(const))
-    return h.hexdigest()
-
-
-def _cached_import(key: str, context: ir.Context | None) -> ir.Operation | None:
-    """A fresh copy of the cached import under ``key`` (None if there is none)."""
-    cached = _IMPORTS.get(key)
-    if cached is None:
-        return None
-    _IMPORTS.move_to_end(key)
-    if context is None or context is cached.context:
-        return cached.clone()
-    buffer = io.BytesIO()
-    cached.write_bytecode(buffer)  # keeps the source locations
-    with context:
-        return ir.Module.parse(buffer.getvalue()).operation
 
 
 def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
