@@ -145,7 +145,7 @@ def test_sp_smaller_than_world_forms_dp_x_sp_mesh(_fresh_seed):
 
 def _compiled_backend_body(rank, world, queue, seed):
     """torch.compile after SP: the emitted module compiles as one graph (fullgraph=True).
-    One layer: AOTAutograd's trace of the graph is the cost, and a second layer adds no op."""
+    One layer: AOTAutograd's trace of the graph is the cost, and a second layer adds no new op."""
     import autosp
     from autosp.testing.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import parity
@@ -153,11 +153,10 @@ def _compiled_backend_body(rank, world, queue, seed):
     model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=1, heads=4, kv_heads=2))
     reference = copy.deepcopy(model)
     compiled = autosp.compile(model, gather_outputs=True, backend="aot_eager")
-    errors = []
-    for seq in (16, 15):
-        args, kwargs = _inputs("llama", seq, torch.Generator().manual_seed(seed + seq))
-        errors.append(parity(reference, compiled, *args, **kwargs).max_error)
-    queue.put((rank, max(errors)))
+    # One length, not divisible by P (uneven shards): each new length costs torch.compile a
+    # recompilation of ~10 s per rank here, and every length runs the same emitted graph.
+    args, kwargs = _inputs("llama", 15, torch.Generator().manual_seed(seed + 15))
+    queue.put((rank, parity(reference, compiled, *args, **kwargs).max_error))
 
 
 def test_torch_compile_after_sequence_parallelism(_fresh_seed):
