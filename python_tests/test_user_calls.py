@@ -142,9 +142,10 @@ def _inputs_body(rank, world, queue, seed):
     result["sliced"] = parity(reference, compiled, ids, labels=labels).max_error
     result["dense"] = parity(reference, compiled, ids.contiguous(), labels=labels.contiguous()).max_error
     result["programs_after_view_and_dense"] = len(compiled.programs)
-    positions = torch.arange(16).expand(2, 16)  # stride 0 on the batch
-    result["expanded"] = parity(reference, compiled, ids, labels=labels, position_ids=positions).max_error
-    result["int32"] = parity(reference, compiled, ids.to(torch.int32), labels=labels).max_error
+    if world > 1:  # one compilation at world 1 (the symptom); the other input forms here
+        positions = torch.arange(16).expand(2, 16)  # stride 0 on the batch
+        result["expanded"] = parity(reference, compiled, ids, labels=labels, position_ids=positions).max_error
+        result["int32"] = parity(reference, compiled, ids.to(torch.int32), labels=labels).max_error
     queue.put((rank, result))
 
 
@@ -155,7 +156,8 @@ def test_inputs_as_users_pass_them(world, _fresh_seed):
     results = run_ranks(_inputs_body, world, args=(_fresh_seed % 10000,), timeout=400)
     for rank, r in results.items():
         assert r["programs_after_view_and_dense"] == 1, "a view and a dense tensor must share a compilation"
-        for key in ("sliced", "dense", "expanded", "int32"):
+        cases = ("sliced", "dense", "expanded", "int32") if world > 1 else ("sliced", "dense")
+        for key in cases:
             assert r[key] <= TOL, f"rank {rank} {key}: rel err {r[key]:.2e}"
 
 

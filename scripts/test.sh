@@ -27,7 +27,7 @@ echo "== pytest"
 # group, so one test at a time leaves a core idle. Parity tests reuse their spawned gloo
 # ranks between tests (AUTOSP_RANK_POOL) and share one import cache (AUTOSP_CACHE_DIR; see
 # python_tests/conftest.py). The slowest tests are listed so a slow new one is noticed.
-python -m pytest -q -n "${AUTOSP_TEST_WORKERS:-2}" --durations=15 python_tests "$@"; py_rc=$?
+python -m pytest -q -n "${AUTOSP_TEST_WORKERS:-2}" --dist worksteal --durations=15 python_tests "$@"; py_rc=$?
 [ $py_rc -eq 5 ] && echo "pytest ran no test"
 
 echo "== suite time: $(( $(date +%s) - start ))s (static rc=$static_rc, lit rc=$lit_rc, pytest rc=$py_rc)"
