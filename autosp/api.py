@@ -30,7 +30,7 @@ from autosp.backend.fx_emitter import emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input
-from autosp.ir.core import make_context
+from autosp.ir.core import body_ops, funcs, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
@@ -111,9 +111,26 @@ def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: in
     if checkpointing != "off":
         run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})",
                      PipelineOptions(dump_dir=dump_dir))
+    bind_group(imported.module, group_name)
     mlir["transformed"] = str(imported.module)
     timings = dict(imported.timings, pipeline_s=time.perf_counter() - t0, transform_s=time.perf_counter() - start)
     return Transformed(imported.module, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
+
+
+def bind_group(module: ir.Operation, group_name: str) -> int:
+    """Name ``group_name`` on every ``autosp.*`` collective of ``module``: a compiled module
+    has one group, whatever group a custom pipeline's passes wrote (their default is
+    ``"sp"``), so no program of one module resolves another module's group. Returns how
+    many ops were renamed."""
+    renamed = 0
+    with module.context:
+        name = ir.StringAttr.get(group_name)
+        for func in funcs(module):
+            for op in body_ops(func):
+                if op_name(op).startswith("autosp.") and "group" in op.attributes and op.attributes["group"] != name:
+                    op.attributes["group"] = name
+                    renamed += 1
+    return renamed
 
 
 def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
@@ -245,9 +262,6 @@ class AutospModule(torch.nn.Module):
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             self.sp_group = sp_group if sp_group is not None else dist.group.WORLD
             collectives.register_group(self.group_name, self.sp_group)
-            if pipeline is not None:
-                # A custom pipeline may use the passes' default group name.
-                collectives.register_group("sp", self.sp_group)
             if self.mesh is None or not sync_data_parallel:
                 # Sum over the sequence-parallel ranks only (data parallelism, if any, is
                 # the caller's: e.g. DDP over self.mesh["dp"]).
@@ -380,8 +394,8 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     (``module.group_name``), so models compiled on different groups do not interfere.
     Collectives use the process group's timeout.
 
-    Options: ``pipeline`` (a custom pass pipeline; its passes' default group name ``"sp"`` is
-    bound to this module's group), ``dump_dir`` (IR after every pass), ``verbose`` (compile
+    Options: ``pipeline`` (a custom pass pipeline; every collective it inserts runs on this
+    module's group, whatever group its passes name), ``dump_dir`` (IR after every pass), ``verbose`` (compile
     timings), ``backend`` (a ``torch.compile`` backend such as ``"inductor"`` for the emitted
     module, compiled as one graph; the gradient all-reduces then start when the backward is
     done), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,

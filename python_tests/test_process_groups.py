@@ -8,6 +8,7 @@ the module compiled last rebound the other's collectives (A's gradients came out
 single-device ones). The negative control binds A's group name to B's group and must fail.
 """
 import copy
+import re
 
 import torch
 
@@ -83,6 +84,16 @@ def _once_per_group_body(rank, world, queue, seed):
     compiled = autosp.compile(model, gather_outputs=True)
     result = {"error": _check(reference, compiled, torch.Generator().manual_seed(seed + 1))}
     result["received"] = compiled.programs[0].timings.get("received", 0.0)
+    # A custom pipeline whose passes name another group runs on this module's group.
+    from autosp.testing.models import AttentionBlock
+    from autosp.testing.parity import parity
+    block = AttentionBlock(32, 4)
+    custom = autosp.compile(copy.deepcopy(block), gather_outputs=True,
+                            pipeline="builtin.module(autosp-sp-pipeline{sp-size=2 group=other gather-outputs=true})")
+    x = torch.randn(2, 15, 32, generator=torch.Generator().manual_seed(seed + 2))
+    result["custom"] = parity(block, custom, x).max_error
+    result["custom_groups"] = sorted(set(re.findall(r'group = "([^"]+)"', custom.programs[0].mlir["transformed"])))
+    result["custom_name"] = custom.group_name
 
     original = api.transform
 
@@ -104,6 +115,8 @@ def _once_per_group_body(rank, world, queue, seed):
 def test_the_first_rank_compiles_for_its_group(_fresh_seed):
     results = run_ranks(_once_per_group_body, 2, args=(_fresh_seed % 10000,), timeout=300, collective_timeout=60)
     assert all(r["error"] <= TOL for r in results.values()), results
+    for r in results.values():  # before: the module bound the global name "sp" (here "other": unbound)
+        assert r["custom"] <= TOL and r["custom_groups"] == [r["custom_name"]], r
     assert [results[r]["received"] for r in (0, 1)] == [0.0, 1.0]
     assert "injected on the first rank" in results[0]["failure"]
     assert results[1]["failure"].startswith("rank 0 could not compile the model for this group: AutospError: "

@@ -23,6 +23,8 @@ suite's conftest sets it) ``run_ranks`` keeps a pool of rank processes per
 - a body that fails on any rank, a rank that dies, or a call that runs past ``timeout``
   tears the whole pool down (other ranks may be blocked in a collective): the error is
   raised and the next call starts a fresh pool;
+- pooled ranks are forked from a server process that imported torch, autosp and
+  transformers once, so a new pool starts in a fraction of a second;
 - ``fresh=True`` runs the body on ranks spawned for this call only: for bodies that
   patch code other modules have already bound (negative controls), or measure a cold
   start. Without ``AUTOSP_RANK_POOL=1`` every call is fresh, so benchmark scripts
@@ -188,12 +190,31 @@ def _rank_main(rank: int, world: int, port: int, conn, collective_timeout: float
     os._exit(0)
 
 
+# Imported once by the fork server; each rank is a fork of it, so a rank starts without
+# importing torch, torch-mlir, autosp and transformers again (seconds per rank otherwise).
+_PRELOAD = ["torch", "torch.distributed", "autosp.api", "autosp.testing.parity", "transformers"]
+
+
+def _context(pooled: bool):
+    """Pooled ranks are forked from a server process that preloaded ``_PRELOAD`` (a fresh
+    interpreter's state: no process group, no threads; unlike forking the caller). Ranks
+    for one call (``fresh=True``) are spawned: a new interpreter, where a body can patch a
+    module before anything imports it (negative controls rely on that). Spawned too where
+    there is no fork server, or with ``AUTOSP_RANK_START=spawn``."""
+    method = os.environ.get("AUTOSP_RANK_START", "forkserver")
+    if pooled and method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return mp.get_context("spawn")
+
+
 class _Pool:
     """``world`` rank processes in one gloo group, each with a duplex pipe to the caller."""
 
     def __init__(self, world: int, collective_timeout: float, deadline: float, pooled: bool = True):
         self.world = world
-        ctx = mp.get_context("spawn")
+        ctx = _context(pooled)
         port = _free_port()
         self.procs: list = []
         self.conns: list = []
