@@ -147,6 +147,28 @@ def has_plan(gm: torch.fx.GraphModule) -> bool:
     return any("autosp_segment" in n.meta for n in gm.graph.nodes)
 
 
+def _sync_points_before_first_use(split: torch.fx.GraphModule) -> None:
+    """Move each gradient sync point's partition (and the ``getitem`` of its results) to
+    just before its first user. split_module puts partitions that only read placeholders
+    first; a sync point there would be the oldest node of the autograd graph, and the
+    engine (newest ready node first) would run its backward, which starts the bucket's
+    all-reduce, only when the whole backward is done."""
+    for node in list(split.graph.nodes):
+        if not (node.op == "call_module" and str(node.target).startswith("submod_sync")):
+            continue
+        items = [u for u in node.users if u.op == "call_function" and u.target.__name__ == "getitem"]
+        readers = {r for item in items for r in item.users} | {u for u in node.users if u not in items}
+        if not readers:
+            continue
+        order = {n: i for i, n in enumerate(split.graph.nodes)}
+        first = min(readers, key=lambda n: order[n])
+        first.prepend(node)
+        for item in items:
+            first.prepend(item)
+    split.graph.lint()
+    split.recompile()
+
+
 def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch.fx.GraphModule:
     """``gm`` with every planned segment recomputed in backward (see the module docstring).
 
@@ -163,9 +185,12 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
             source = node.args[0]
             if "autosp_segment" in source.meta:
                 return f"segment{source.meta['autosp_segment']}"
+        if source.meta.get("autosp_grad_sync"):
+            return kept.setdefault(source, f"sync{len(kept)}")
         return kept.setdefault(source, f"keep{len(kept)}")
 
     split = split_module(gm, gm, partition)
+    _sync_points_before_first_use(split)
     for name, child in list(split.named_children()):
         if name.startswith("submod_segment"):
             replay = any(n.meta.get("autosp_replay") for n in child.graph.nodes)
