@@ -34,7 +34,7 @@ from autosp.ir.core import body_ops, funcs, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
-from autosp.runtime import collectives
+from autosp.runtime import collectives, fsdp
 from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
 ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
@@ -150,8 +150,9 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
               f"import {timings['import_s']:.2f}s{' cached' if timings.get('import_cached') else ''}, "
               f"passes {timings['pipeline_s']:.2f}s, emit {t_emit:.3f}s){shared}", file=sys.stderr)
     params = dict(model.named_parameters())
+    # FSDP2 parameters are reduce-scattered by their gather's backward, not bucketed.
     sizes = {i: params[a.name].numel() * params[a.name].element_size() for i, a in enumerate(transformed.args)
-             if a.kind == "parameter" and params[a.name].requires_grad}
+             if a.kind == "parameter" and params[a.name].requires_grad and not fsdp.is_sharded(params[a.name])}
     buckets = plan_buckets(gm, sizes, grad_bucket_bytes)
     planned = has_plan(gm)
     # Sync points in the graph start each bucket's all-reduce as soon as backward completes
@@ -258,6 +259,16 @@ class AutospModule(torch.nn.Module):
         self.sp_group = None
         self.grad_sync = None
         self.mesh = None
+        sharded = [(n, p) for n, p in model.named_parameters() if fsdp.is_sharded(p)]
+        for name, p in sharded:
+            try:
+                fsdp.check_supported(name, p)
+            except ValueError as e:
+                raise AutospError(str(e)) from None
+        # Sharded parameters' gradients are summed over the whole FSDP mesh (every rank) by
+        # a reduce-scatter: the SP sum, and the replicas' mean with this factor.
+        self.shard_scale = self.sp_size / dist.get_world_size() if sharded else 1.0
+        dense = [p for p in model.parameters() if not fsdp.is_sharded(p)]
         if self.sp_size > 1:
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             self.sp_group = sp_group if sp_group is not None else dist.group.WORLD
@@ -265,12 +276,12 @@ class AutospModule(torch.nn.Module):
             if self.mesh is None or not sync_data_parallel:
                 # Sum over the sequence-parallel ranks only (data parallelism, if any, is
                 # the caller's: e.g. DDP over self.mesh["dp"]).
-                self.grad_sync = GradientSync(model.parameters(), self.sp_group, bucket_bytes=grad_bucket_bytes)
+                self.grad_sync = GradientSync(dense, self.sp_group, bucket_bytes=grad_bucket_bytes)
             else:
                 # DP x SP: sum over the sequence-parallel ranks, average over the replicas,
                 # in one all-reduce over the whole mesh.
                 dp = self.mesh["dp"].size()
-                self.grad_sync = GradientSync(model.parameters(), dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
+                self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
                                               scale=1.0 / dp)
 
     # ------------------------------------------------------------------ compilation
@@ -351,8 +362,11 @@ class AutospModule(torch.nn.Module):
             transformed = run()
         else:
             transformed = _transform_once_per_group(run, group)
-        return emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
-                            checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
+        program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
+                               checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
+        program.shard_scale = self.shard_scale
+        program.sharded_names = frozenset(n for n, p in self.module.named_parameters() if fsdp.is_sharded(p))
+        return program
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):

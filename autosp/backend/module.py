@@ -8,7 +8,9 @@ structure. It looks the state up by name on every call, so the user's own
 Gradient synchronisation is armed per call: given a ``GradientSync``, the call passes the
 parameters through that sync's per-bucket identity functions (``grad_buckets``: argument
 indices, in backward order), so only a backward through *this* call is summed over the
-group; the plain model and other compiled wrappers are untouched.
+group; the plain model and other compiled wrappers are untouched. Parameters sharded by
+FSDP2 (DTensors) are all-gathered at the call, and their gradients reduce-scattered
+(:mod:`autosp.runtime.fsdp`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autosp.frontend.importer import ArgInfo
+from autosp.runtime import fsdp
 
 
 @dataclass
@@ -33,6 +36,21 @@ class CompiledProgram:
     checkpointing: str = "off"  # "sac" / "full": the runner recomputes planned segments in backward
     grad_buckets: list[list[int]] = field(default_factory=list)  # parameter argument indices per bucket
     sync_points_in_graph: bool = False  # the graph starts each bucket's all-reduce (grad_sync.sync_point)
+    shard_scale: float = 1.0  # FSDP2 parameters: factor on their reduce-scattered gradients (1/dp)
+    sharded_names: frozenset = frozenset()  # the parameters that were FSDP2 DTensors at compile time
+
+    def _gathered(self, state: list) -> list:
+        """``state`` with each FSDP2 parameter all-gathered (reduce-scattered in backward)."""
+        out = []
+        for a, t in zip((a for a in self.args if a.kind != "input"), state):
+            if fsdp.is_sharded(t):
+                out.append(fsdp.gather(t, self.shard_scale))
+            elif a.name in self.sharded_names:
+                raise RuntimeError(f"autosp: parameter '{a.name}' is no longer sharded (a plain forward of the "
+                                   "FSDP2 model left it unsharded); call model.reshard() before the compiled call")
+            else:
+                out.append(t)
+        return out
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
@@ -48,6 +66,8 @@ class CompiledProgram:
         inputs = [leaves[i] for i in self.tensor_leaves]
         run = self.runner if self.runner is not None else self.graph_module
         state = self.state_tensors(model)
+        if self.sharded_names:
+            state = self._gathered(state)
         if grad_sync is not None:
             state = grad_sync.arm(state, self.grad_buckets, issue_here=not self.sync_points_in_graph)
         outputs = run(*state, *inputs)

@@ -32,6 +32,7 @@ from torch_mlir.extras.fx_importer import FxImporter
 from autosp.frontend import cache, symbolic
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
+from autosp.runtime import fsdp
 
 # Ops kept whole: attention is what autosp partitions, softmax is what it matches in
 # manual attention; activations and layer norm, because their decompositions save more
@@ -158,6 +159,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     timings = {}
     start = time.perf_counter()
     names, kinds, state = model_state(model)
+    state = [fsdp.stand_in(t) for t in state]  # FSDP2 shards: traced at their global shape
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     # torch.export's guards fail on some views (an internal AttributeError): export dense copies.
     leaves = [prepare_input(x) for x in leaves]
@@ -177,7 +179,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 
     wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), fsdp.hooks_detached(model):
             program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
         hint = ""
