@@ -1,6 +1,7 @@
 """Model state sharded by FSDP2 (``fully_shard``), composed with sequence parallelism.
 
-World 2: SP 2 with FSDP over both ranks, S = 15 (not divisible by P). The user's recipe
+World 2: SP 2 with FSDP over both ranks, S = 15 (not divisible by P); world 4: SP 2 x 2
+data-parallel replicas with FSDP over all four (gradients: the replicas' mean). The user's recipe
 unchanged: ``fully_shard`` per block and on the root, ``autosp.compile``, AdamW on the
 DTensor parameters. Three steps match single-device training (loss each step, every
 gradient as ``grad.full_tensor()`` at the first step, and the parameters after the last);
@@ -81,6 +82,40 @@ def _body(rank, world, queue, seed):
         model.reshard()
         result["after_reshard"] = relative_error(sp(ids, labels=ids)["loss"], reference(ids, labels=ids)["loss"])
     queue.put((rank, result))
+
+
+def _dp_body(rank, world, queue, seed):
+    """World 4: SP 2 x 2 data-parallel replicas (each its own batch), FSDP over all 4
+    ranks. The reduce-scatter sums over all 4; scaled by 1/2 it is the replicas' mean."""
+    import autosp
+    from torch.distributed.fsdp import fully_shard
+    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.testing.parity import relative_error
+    torch.manual_seed(seed)
+    model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2))
+    reference = copy.deepcopy(model)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    sp = autosp.compile(model, sp_size=2)
+    batches = []
+    for r in range(2):
+        gen = torch.Generator().manual_seed(seed + 100 * r)
+        batches.append((torch.randint(0, 64, (2, 15), generator=gen), torch.randint(0, 64, (2, 15), generator=gen)))
+    ids, labels = batches[rank // 2]
+    loss = sp(ids, labels=labels)["loss"]
+    loss.backward()
+    for batch_ids, batch_labels in batches:
+        (reference(batch_ids, labels=batch_labels)["loss"] / 2).backward()
+    grad = max(relative_error(p.grad.full_tensor(), q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    ref_loss = reference(ids, labels=labels)["loss"]
+    queue.put((rank, (relative_error(loss, ref_loss), grad, tuple(sp.mesh.shape))))
+
+
+def test_fsdp2_over_data_parallel_replicas_of_sequence_parallel_groups(_fresh_seed):
+    results = run_ranks(_dp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
+    for rank, (loss, grad, mesh) in results.items():
+        assert mesh == (2, 2) and loss <= TOL and grad <= TOL, f"rank {rank}: loss {loss:.2e} grads {grad:.2e}"
 
 
 def test_fsdp2_sharded_model_trains_like_one_device(_fresh_seed):
