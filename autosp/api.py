@@ -268,6 +268,7 @@ class AutospModule(torch.nn.Module):
         # Sharded parameters' gradients are summed over the whole FSDP mesh (every rank) by
         # a reduce-scatter: the SP sum, and the replicas' mean with this factor.
         self.shard_scale = self.sp_size / dist.get_world_size() if sharded else 1.0
+        self.sharded_names = frozenset(name for name, _ in sharded)
         dense = [p for p in model.parameters() if not fsdp.is_sharded(p)]
         if self.sp_size > 1:
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
@@ -365,7 +366,7 @@ class AutospModule(torch.nn.Module):
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
                                checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
         program.shard_scale = self.shard_scale
-        program.sharded_names = frozenset(n for n, p in self.module.named_parameters() if fsdp.is_sharded(p))
+        program.sharded_names = self.sharded_names
         return program
 
     # ------------------------------------------------------------------ calling

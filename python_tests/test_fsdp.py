@@ -18,19 +18,25 @@ from autosp.testing.distributed import run_ranks
 TOL = 1e-5
 
 
-def _body(rank, world, queue, seed):
-    import autosp
+def _sharded_llama(seed):
+    """(model sharded with the FSDP2 recipe, an unsharded single-device copy)."""
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-    from autosp.runtime import fsdp
     from autosp.testing.models import LlamaConfig, LlamaLike
-    from autosp.testing.parity import relative_error
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2))
     reference = copy.deepcopy(model)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
+    return model, reference
+
+
+def _body(rank, world, queue, seed):
+    import autosp
+    from torch.distributed.tensor import DTensor
+    from autosp.runtime import fsdp
+    from autosp.testing.parity import relative_error
+    model, reference = _sharded_llama(seed)
     sp = autosp.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
@@ -88,15 +94,8 @@ def _dp_body(rank, world, queue, seed):
     """World 4: SP 2 x 2 data-parallel replicas (each its own batch), FSDP over all 4
     ranks. The reduce-scatter sums over all 4; scaled by 1/2 it is the replicas' mean."""
     import autosp
-    from torch.distributed.fsdp import fully_shard
-    from autosp.testing.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import relative_error
-    torch.manual_seed(seed)
-    model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2))
-    reference = copy.deepcopy(model)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+    model, reference = _sharded_llama(seed)
     sp = autosp.compile(model, sp_size=2)
     batches = []
     for r in range(2):

@@ -153,6 +153,8 @@ def _sync_points_before_first_use(split: torch.fx.GraphModule) -> None:
     first; a sync point there would be the oldest node of the autograd graph, and the
     engine (newest ready node first) would run its backward, which starts the bucket's
     all-reduce, only when the whole backward is done."""
+    # Moving a sync point (which reads only placeholders) keeps every other node's order.
+    order = {n: i for i, n in enumerate(split.graph.nodes)}
     for node in list(split.graph.nodes):
         if not (node.op == "call_module" and str(node.target).startswith("submod_sync")):
             continue
@@ -160,7 +162,6 @@ def _sync_points_before_first_use(split: torch.fx.GraphModule) -> None:
         readers = {r for item in items for r in item.users} | {u for u in node.users if u not in items}
         if not readers:
             continue
-        order = {n: i for i, n in enumerate(split.graph.nodes)}
         first = min(readers, key=lambda n: order[n])
         first.prepend(node)
         for item in items:

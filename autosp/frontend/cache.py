@@ -131,11 +131,10 @@ def lookup(key: str, context: ir.Context | None = None) -> tuple[ir.Operation, s
     if path is None or not path.is_file():
         return None
     try:
-        data = path.read_bytes()
-        module = _parse(data, context)
+        module = _parse(path.read_bytes(), context)
     except (OSError, ir.MLIRError):
         return None
-    _remember(key, _parse(data, None))
+    _remember(key, module.clone())
     return module, "disk"
 
 

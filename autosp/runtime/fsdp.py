@@ -32,7 +32,7 @@ except ImportError:  # a torch without DTensor: nothing is ever sharded
 
 def is_sharded(t: object) -> bool:
     """Whether ``t`` is a DTensor (an FSDP2 parameter)."""
-    return isinstance(t, DTensor) if DTensor else False
+    return isinstance(t, DTensor)
 
 
 def check_supported(name: str, p) -> None:
