@@ -161,9 +161,16 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     in_graph = backend is None or planned
     if in_graph:
         insert_sync_points(gm, buckets)
+    # FSDP2 parameters: one unshard point per fully_shard-ed module, before its first use
+    # (not under a whole-graph torch.compile: there the call gathers them all).
+    unshard_groups: list[list[int]] = []
+    if in_graph and any(fsdp.is_sharded(p) for p in params.values()):
+        index = {a.name: i for i, a in enumerate(transformed.args) if a.kind == "parameter"}
+        groups = [[index[n] for n in names if n in index] for names in fsdp.param_groups(model)]
+        unshard_groups = fsdp.insert_unshard_points(gm, [g for g in groups if g])
     program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
                               transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
-                              sync_points_in_graph=in_graph)
+                              sync_points_in_graph=in_graph, unshard_groups=unshard_groups)
     compile_ = None
     if backend is not None:
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
@@ -174,6 +181,8 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
         program.runner = checkpointed_module(gm, compile_segment=compile_)
     elif compile_ is not None:
         program.runner = compile_(gm)
+    if unshard_groups:
+        program.unshard_order = fsdp.call_order(program.runner if program.runner is not None else gm)
     return program
 
 

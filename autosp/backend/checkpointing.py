@@ -148,7 +148,7 @@ def has_plan(gm: torch.fx.GraphModule) -> bool:
 
 
 def _sync_points_before_first_use(split: torch.fx.GraphModule) -> None:
-    """Move each gradient sync point's partition (and the ``getitem`` of its results) to
+    """Move each gradient sync point's (and FSDP2 unshard point's) partition (and the ``getitem`` of its results) to
     just before its first user. split_module puts partitions that only read placeholders
     first; a sync point there would be the oldest node of the autograd graph, and the
     engine (newest ready node first) would run its backward, which starts the bucket's
@@ -186,7 +186,7 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
             source = node.args[0]
             if "autosp_segment" in source.meta:
                 return f"segment{source.meta['autosp_segment']}"
-        if source.meta.get("autosp_grad_sync"):
+        if source.meta.get("autosp_grad_sync") or source.meta.get("autosp_unshard"):  # collectives on parameters
             return kept.setdefault(source, f"sync{len(kept)}")
         return kept.setdefault(source, f"keep{len(kept)}")
 

@@ -9,11 +9,13 @@ Gradient synchronisation is armed per call: given a ``GradientSync``, the call p
 parameters through that sync's per-bucket identity functions (``grad_buckets``: argument
 indices, in backward order), so only a backward through *this* call is summed over the
 group; the plain model and other compiled wrappers are untouched. Parameters sharded by
-FSDP2 (DTensors) are all-gathered at the call, and their gradients reduce-scattered
-(:mod:`autosp.runtime.fsdp`).
+FSDP2 (DTensors) are passed as their local shards and unsharded one layer at a time by
+the graph's ``unshard`` nodes (``unshard_groups``), their gradients reduce-scattered
+(:mod:`autosp.runtime.fsdp`); without such nodes they are all-gathered at the call.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,19 +40,32 @@ class CompiledProgram:
     sync_points_in_graph: bool = False  # the graph starts each bucket's all-reduce (grad_sync.sync_point)
     shard_scale: float = 1.0  # FSDP2 parameters: factor on their reduce-scattered gradients (1/dp)
     sharded_names: frozenset = frozenset()  # the parameters that were FSDP2 DTensors at compile time
+    unshard_groups: list[list[int]] = field(default_factory=list)  # state indices per unshard node, in call order
+    prefetch: bool = True  # issue the next group's all-gather before the current layer runs
+    unshard_order: list[int] = field(default_factory=list)  # the runner's order of calling the groups
+    last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
+
+    def _check_sharded(self, state: list) -> None:
+        for a, t in zip((a for a in self.args if a.kind != "input"), state):
+            if a.name in self.sharded_names and not fsdp.is_sharded(t):
+                raise RuntimeError(f"autosp: parameter '{a.name}' is no longer sharded (a plain forward of the "
+                                   "FSDP2 model left it unsharded); call model.reshard() before the compiled call")
 
     def _gathered(self, state: list) -> list:
         """``state`` with each FSDP2 parameter all-gathered (reduce-scattered in backward)."""
-        out = []
-        for a, t in zip((a for a in self.args if a.kind != "input"), state):
-            if fsdp.is_sharded(t):
-                out.append(fsdp.gather(t, self.shard_scale))
-            elif a.name in self.sharded_names:
-                raise RuntimeError(f"autosp: parameter '{a.name}' is no longer sharded (a plain forward of the "
-                                   "FSDP2 model left it unsharded); call model.reshard() before the compiled call")
-            else:
-                out.append(t)
-        return out
+        self._check_sharded(state)
+        return [fsdp.gather(t, self.shard_scale) if fsdp.is_sharded(t) else t for t in state]
+
+    def _unsharder(self, state: list) -> tuple[list, "fsdp.Unsharder"]:
+        """``state`` with each FSDP2 parameter's local shard, and the call's Unsharder."""
+        self._check_sharded(state)
+        unsharder = fsdp.Unsharder([[state[i] for i in g] for g in self.unshard_groups], self.shard_scale,
+                                   prefetch=self.prefetch, order=self.unshard_order or None)
+        state = list(state)
+        for g, shards in zip(self.unshard_groups, unsharder.locals):
+            for i, t in zip(g, shards):
+                state[i] = t
+        return state, unsharder
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
@@ -66,9 +81,15 @@ class CompiledProgram:
         inputs = [leaves[i] for i in self.tensor_leaves]
         run = self.runner if self.runner is not None else self.graph_module
         state = self.state_tensors(model)
-        if self.sharded_names:
+        tokens = None
+        if self.unshard_groups:
+            state, unsharder = self._unsharder(state)
+            self.last_unsharder = unsharder
+            tokens = unsharder.saving_tokens()
+        elif self.sharded_names:
             state = self._gathered(state)
         if grad_sync is not None:
             state = grad_sync.arm(state, self.grad_buckets, issue_here=not self.sync_points_in_graph)
-        outputs = run(*state, *inputs)
+        with tokens if tokens is not None else contextlib.nullcontext():
+            outputs = run(*state, *inputs)
         return pytree.tree_unflatten(list(outputs), self.out_spec)

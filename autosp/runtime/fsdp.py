@@ -12,16 +12,39 @@ Autograd hands the gradient of ``p.to_local()`` back as a DTensor with ``p``'s
 placements, so ``p.grad``, the optimizer and ``torch.distributed.checkpoint`` see what
 they see under plain FSDP2.
 
-Scope today: a 1-D FSDP mesh spanning the whole world, ``Shard(0)`` placements; every
-sharded parameter is gathered when the call starts (not yet one layer at a time).
+One layer at a time. :func:`param_groups` finds the parameters each ``fully_shard``-ed
+module manages (FSDP2's unit); :func:`insert_unshard_points` puts one :func:`unshard` node
+per group into the emitted graph, just before the group's first use. Per call, an
+:class:`Unsharder` runs them:
+
+* **forward**: the node waits for its group's all-gather (one collective for the whole
+  group) and, before handing the parameters to the layer, issues the *next* group's
+  all-gather asynchronously (prefetch: it runs while this layer computes). A layer's
+  unsharded parameters are referenced only by the graph until their last use;
+* what autograd would save of them (a weight for its matmul's backward) is saved as a
+  token (``saved_tensors_hooks``), so they are freed after the layer's forward;
+* **backward**: the first token of a group to be unpacked all-gathers the group again and
+  issues the all-gather of the group before it (prefetch, in backward order); the group's
+  gradients are reduce-scattered in one collective when autograd has all of them, and its
+  re-gathered parameters are dropped there.
+
+So per layer: one all-gather in forward, one in backward, one reduce-scatter; at most the
+root's group and two layers' groups are unsharded at once. Scope: a 1-D FSDP mesh spanning
+the whole world, ``Shard(0)`` placements. Under a whole-graph ``torch.compile`` backend
+(no nodes of ours in the graph) every sharded parameter is gathered when the call starts
+(:func:`gather`).
 """
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
+import weakref
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.fx
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -95,7 +118,7 @@ class GatherShard(torch.autograd.Function):
         padded = local.new_zeros((per, *local.shape[1:]))
         padded[: local.shape[0]] = local
         full = local.new_empty((per * n, *local.shape[1:]))
-        dist.all_gather_into_tensor(full, padded, group=group)
+        dist.all_gather_single(full, padded, group=group)
         return full[:rows]
 
     @staticmethod
@@ -104,7 +127,7 @@ class GatherShard(torch.autograd.Function):
         padded = grad.new_zeros((ctx.per * n, *grad.shape[1:]))
         padded[: ctx.rows] = grad
         mine = grad.new_empty((ctx.per, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, padded, group=ctx.group)
+        dist.reduce_scatter_single(mine, padded, group=ctx.group)
         if ctx.scale != 1.0:
             mine = mine * ctx.scale
         return mine[: ctx.local_rows], None, None, None
@@ -114,3 +137,269 @@ def gather(p, scale: float) -> torch.Tensor:
     """The whole of sharded parameter ``p`` as a plain tensor whose gradient flows back to
     ``p`` (a DTensor gradient with ``p``'s placements) through a reduce-scatter."""
     return GatherShard.apply(p.to_local(), p.shape[0], p.device_mesh.get_group(), scale)
+
+
+# ---------------------------------------------------------------------------- per layer
+def param_groups(model: torch.nn.Module) -> list[list[str]]:
+    """The names of the sharded parameters each ``fully_shard``-ed module manages: a
+    module's own parameters and those of its submodules that are not sharded on their own
+    (FSDP2's rule). One group per module and dtype (a group is gathered in one
+    collective); modules in ``model.modules()`` order."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return []
+    owner: dict[str, str] = {}
+    roots = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    for prefix in sorted(roots, key=lambda n: n.count(".") + (n != ""), reverse=False):
+        module = model.get_submodule(prefix) if prefix else model
+        for name, p in module.named_parameters(prefix=prefix):
+            if is_sharded(p):
+                owner[name] = prefix  # deeper modules come later and take their own
+    groups: dict[tuple[str, torch.dtype], list[str]] = {}
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    for name in (n for n, _ in model.named_parameters()):
+        if name in owner:
+            groups.setdefault((owner[name], dtypes[name]), []).append(name)
+    order = {name: i for i, name in enumerate(roots)}
+    return [names for (prefix, _), names in sorted(groups.items(), key=lambda kv: order[kv[0][0]])]
+
+
+_TAG = "_autosp_unshard"  # attribute on the local shards a call passes: (Unsharder, group index)
+
+
+class _Layout:
+    """Where each parameter of a group sits in the group's flat all-gather buffer: every
+    rank contributes ``per`` rows of each parameter (its shard, zero-padded)."""
+
+    def __init__(self, params: list, n: int):
+        self.rows = [p.shape[0] for p in params]
+        self.rest = [tuple(p.shape[1:]) for p in params]
+        self.per = [-(-r // n) for r in self.rows]  # torch.chunk's split, as FSDP2's
+        self.sizes = [per * math.prod(rest) for per, rest in zip(self.per, self.rest)]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(params))]
+        self.total = sum(self.sizes)
+        self.dtype = params[0].dtype
+        self.bytes = self.total * n * params[0].element_size()
+
+
+class _Token:
+    """What autograd keeps instead of (a view of) an unsharded parameter."""
+    __slots__ = ("k", "i", "size", "stride", "offset")
+
+    def __init__(self, k: int, i: int, t: torch.Tensor):
+        self.k, self.i = k, i
+        self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
+
+
+class Unsharder:
+    """One compiled call's FSDP2 parameter groups (``groups``: DTensors per group, in the
+    order the program first uses them): the gathers, prefetches and reduce-scatters of
+    the module docstring. ``locals`` (the local shards, tagged for :func:`unshard`) is what
+    the call passes to the program in their place. ``log`` records each collective
+    (``("all_gather"|"reduce_scatter"|"use", "forward"|"backward", k)``, ``use``: the
+    group handed to its layer) and ``max_unsharded`` the most groups unsharded at once."""
+
+    def __init__(self, groups: list[list], scale: float, prefetch: bool = True, order: list[int] | None = None):
+        self.order = list(order) if order is not None else list(range(len(groups)))  # the program's call order
+        self.taken: set[int] = set()
+        self.group = groups[0][0].device_mesh.get_group()
+        self.n = dist.get_world_size(self.group)
+        self.scale, self.prefetch = scale, prefetch
+        self.locals = [[p.to_local() for p in g] for g in groups]
+        for k, shards in enumerate(self.locals):
+            for t in shards:
+                setattr(t, _TAG, (self, k))
+        self.layouts = [_Layout(g, self.n) for g in groups]
+        self.pending: dict[tuple[str, int], tuple] = {}
+        self.backward_roots: dict[int, list[torch.Tensor]] = {}
+        self.forward_roots: dict[int, list] = {}  # weak references: alive while the graph holds them
+        self.registry: dict[int, tuple] = {}  # storage address -> (weakref to the root, k, i)
+        self.saved: dict[int, int] = {}  # tokens per group
+        self.reduced: set[int] = set()
+        self.log: list[tuple[str, str, int]] = []
+        self.max_unsharded = 0
+
+    # ---------------------------------------------------------------- collectives
+    def _issue(self, k: int, phase: str) -> None:
+        lay, shards = self.layouts[k], self.locals[k]
+        device = shards[0].device
+        send = torch.empty(lay.total, dtype=lay.dtype, device=device)
+        for t, off, per, size in zip(shards, lay.offsets, lay.per, lay.sizes):
+            mine = send[off:off + size].view(per, -1)
+            mine[: t.shape[0]].copy_(t.detach().reshape(t.shape[0], -1))
+            mine[t.shape[0]:].zero_()
+        out = torch.empty(lay.total * self.n, dtype=lay.dtype, device=device)
+        work = dist.all_gather_single(out, send, group=self.group, async_op=True)
+        self.pending[(phase, k)] = (work, out)
+        self.log.append(("all_gather", phase, k))
+
+    def _wait(self, k: int, phase: str) -> list[torch.Tensor]:
+        """Group ``k``'s parameters, each as a whole padded tensor of its own (a root)."""
+        if (phase, k) not in self.pending:
+            self._issue(k, phase)
+        work, out = self.pending.pop((phase, k))
+        work.wait()
+        lay = self.layouts[k]
+        out = out.view(self.n, lay.total)
+        roots = []
+        for off, per, size, rest in zip(lay.offsets, lay.per, lay.sizes, lay.rest):
+            root = out.new_empty((self.n * per, *rest))
+            root.view(self.n, size).copy_(out[:, off:off + size])
+            roots.append(root)
+        return roots
+
+    def _count_unsharded(self) -> None:
+        alive = {k for k, refs in self.forward_roots.items() if any(r() is not None for r in refs)}
+        self.max_unsharded = max(self.max_unsharded, len(alive | set(self.backward_roots)))
+
+    def forward_gather(self, k: int) -> list[torch.Tensor]:
+        """Group ``k`` unsharded for its layer's forward (after issuing group ``k + 1``'s)."""
+        roots = self._wait(k, "forward")
+        self.taken.add(k)
+        later = [j for j in self.order[self.order.index(k) + 1:] if j not in self.taken]
+        if self.prefetch and later and ("forward", later[0]) not in self.pending:
+            self._issue(later[0], "forward")
+        self.forward_roots[k] = [weakref.ref(r) for r in roots]
+        for i, r in enumerate(roots):
+            self.registry[r.untyped_storage().data_ptr()] = (weakref.ref(r), k, i)
+        self._count_unsharded()
+        self.log.append(("use", "forward", k))
+        return [r if r.shape[0] == rows else r[:rows] for r, rows in zip(roots, self.layouts[k].rows)]
+
+    def _backward_roots(self, k: int) -> list[torch.Tensor]:
+        roots = self.backward_roots.get(k)
+        if roots is None:
+            roots = self.backward_roots[k] = self._wait(k, "backward")
+            self.log.append(("use", "backward", k))
+            self._count_unsharded()
+            before = [j for j in self.order[: self.order.index(k)] if self.saved.get(j) and j not in self.reduced
+                      and j not in self.backward_roots and ("backward", j) not in self.pending]
+            if self.prefetch and before:
+                self._issue(before[-1], "backward")
+        return roots
+
+    def reduce_scatter(self, k: int, grads) -> list:
+        """This rank's rows of the sum over the FSDP mesh of group ``k``'s gradients
+        (times ``scale``), in one collective; group ``k`` is resharded."""
+        self.reduced.add(k)
+        self.backward_roots.pop(k, None)
+        if ("backward", k) in self.pending:  # prefetched, then not needed
+            self.pending.pop(("backward", k))[0].wait()
+        lay, shards = self.layouts[k], self.locals[k]
+        if all(g is None for g in grads):
+            return [None] * len(grads)
+        like = next(g for g in grads if g is not None)
+        send = like.new_zeros((self.n, lay.total))
+        for g, off, per, size, rows in zip(grads, lay.offsets, lay.per, lay.sizes, lay.rows):
+            if g is None:
+                continue
+            flat = g.reshape(-1)
+            whole = rows // per if per else 0  # ranks whose rows are all real
+            send[:whole, off:off + size].copy_(flat[: whole * size].view(whole, size))
+            if whole < self.n and rows > whole * per:
+                rem = flat[whole * size:]
+                send[whole, off:off + rem.numel()].copy_(rem)
+        mine = like.new_empty(lay.total)
+        dist.reduce_scatter_single(mine, send.view(-1), group=self.group)
+        self.log.append(("reduce_scatter", "backward", k))
+        if self.scale != 1.0:
+            mine.mul_(self.scale)
+        return [None if g is None else mine[off:off + size].view(per, *rest)[: t.shape[0]]
+                for g, t, off, per, size, rest in zip(grads, shards, lay.offsets, lay.per, lay.sizes, lay.rest)]
+
+    # ---------------------------------------------------------------- saved tensors
+    @contextlib.contextmanager
+    def saving_tokens(self) -> Iterator[None]:
+        """Within: autograd saves an unsharded parameter (or a view of one) as a token and
+        gathers it again when backward unpacks it. Other tensors go to the hooks that were
+        active before (e.g. :class:`autosp.memory.SavedTensors`), if any."""
+        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+        def pack(t: torch.Tensor):
+            entry = self.registry.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+            if entry is not None:
+                root = entry[0]()
+                # A dead root never matches: its address may since belong to another tensor.
+                if root is not None and root.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    self.saved[entry[1]] = self.saved.get(entry[1], 0) + 1
+                    return _Token(entry[1], entry[2], t)
+            return ("outer", outer[0](t)) if outer is not None else t
+
+        def unpack(x):
+            if isinstance(x, _Token):
+                return self._backward_roots(x.k)[x.i].as_strided(x.size, x.stride, x.offset)
+            if outer is not None:
+                return outer[1](x[1])
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+
+
+class _Unshard(torch.autograd.Function):
+    """Group ``k``'s local shards -> its unsharded parameters; backward: one reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, unsharder: Unsharder, k: int, *shards):
+        ctx.unsharder, ctx.k = unsharder, k
+        return tuple(unsharder.forward_gather(k))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.unsharder.reduce_scatter(ctx.k, grads))
+
+
+def unshard(k: int, *shards):
+    """A node of the emitted graph: group ``k``'s parameters, unsharded for their layer.
+    Identity on tensors a call did not tag (unsharded parameters, the memory model's meta
+    tensors)."""
+    tag = getattr(shards[0], _TAG, None)
+    if tag is None:
+        return tuple(shards)
+    unsharder = tag[0]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in shards):
+        return _Unshard.apply(unsharder, k, *shards)
+    return tuple(unsharder.forward_gather(k))
+
+
+def insert_unshard_points(gm: torch.fx.GraphModule, groups: list[list[int]]) -> list[list[int]]:
+    """Put an :func:`unshard` node for each group of placeholders (indices) just before the
+    group's first use in ``gm`` (in place); returns the groups in that order, without
+    placeholders the graph never reads (and without groups left empty)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    used = [[i for i in g if placeholders[i].users] for g in groups]
+    used = [g for g in used if g]
+    first = {tuple(g): min(order[u] for i in g for u in placeholders[i].users) for g in used}
+    used.sort(key=lambda g: first[tuple(g)])
+    for k, g in enumerate(used):
+        nodes = [placeholders[i] for i in g]
+        uses = {n: list(n.users) for n in nodes}
+        first_use = min((u for us in uses.values() for u in us), key=lambda u: order[u])
+        with gm.graph.inserting_before(first_use):
+            point = gm.graph.call_function(unshard, (k, *nodes))
+            point.meta["autosp_unshard"] = True
+            for j, n in enumerate(nodes):
+                item = gm.graph.call_function(operator.getitem, (point, j))
+                for u in uses[n]:
+                    u.replace_input_with(n, item)
+    gm.graph.lint()
+    gm.recompile()
+    return used
+
+
+def call_order(module: torch.nn.Module) -> list[int]:
+    """The groups in the order ``module`` (a GraphModule, or one split into submodules by
+    checkpointing) calls their :func:`unshard` nodes."""
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        inner = getattr(module, "inner", None)  # a checkpointed segment
+        return call_order(inner) if inner is not None else []
+    order = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is unshard:
+            order.append(node.args[0])
+        elif node.op == "call_module":
+            order += call_order(module.get_submodule(node.target))
+    return order
