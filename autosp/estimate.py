@@ -52,16 +52,21 @@ class MemoryEstimate:
     grad_bytes: int
     optimizer_bytes: int
     seconds: float = 0.0
+    fsdp: int = 1  # FSDP2 degree the step ran with (1: unsharded)
 
-    def state_bytes(self, zero_stage: int = 0, state_shards: int = 1) -> int:
+    def state_bytes(self, zero_stage: int | None = None, state_shards: int | None = None) -> int:
         """Parameters + gradients + optimizer state per rank; ZeRO stage 1 shards the
         optimizer state over ``state_shards`` ranks, 2 also the gradients, 3 also the
-        parameters."""
+        parameters. Default: what the step ran with (FSDP over ``fsdp`` ranks is stage 3)."""
+        if zero_stage is None:
+            zero_stage = 3 if self.fsdp > 1 else 0
+        state_shards = state_shards or self.fsdp
+
         def share(n, stage):
             return n // state_shards if zero_stage >= stage else n
         return share(self.param_bytes, 3) + share(self.grad_bytes, 2) + share(self.optimizer_bytes, 1)
 
-    def total_bytes(self, zero_stage: int = 0, state_shards: int = 1) -> int:
+    def total_bytes(self, zero_stage: int | None = None, state_shards: int | None = None) -> int:
         """Model state plus the activation peak: what a rank needs for one step."""
         return self.state_bytes(zero_stage, state_shards) + self.activation_peak_bytes
 
@@ -125,10 +130,12 @@ class MemoryModel:
     (the program is symbolic in S, so it is compiled once)."""
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw"):
+                 checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
+                 fsdp: int = 1):
         from autosp.api import CHECKPOINTING, build_program
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
+        from autosp.runtime import fsdp as fsdp_runtime
         if checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
         if optimizer not in ("adamw", "sgd"):
@@ -143,7 +150,25 @@ class MemoryModel:
                                          checkpointing=checkpointing)
         _use_flash_attention(self.program.graph_module)
         gm = self.program.graph_module
+        self.fsdp = fsdp
+        if fsdp > 1:
+            # The FSDP2 recipe (each layer, then the root), run by a simulated Unsharder:
+            # the unsharded layers, prefetch buffers and full-size layer gradients are counted.
+            from autosp.runtime.grad_sync import remove_sync_points
+            remove_sync_points(gm)  # sharded parameters are reduce-scattered, not bucketed
+            self.program.grad_buckets = []
+            index = {a.name: i for i, a in enumerate(self.program.args) if a.kind == "parameter"}
+            groups = [[index[n] for n in names if n in index] for names in fsdp_runtime.recipe_groups(self.model)]
+            self.program.unshard_groups = fsdp_runtime.insert_unshard_points(gm, [g for g in groups if g])
+            state = self.program.state_tensors(self.model)
+            whole = [[state[i] for i in g] for g in self.program.unshard_groups]
+            shards = fsdp_runtime.SimulatedUnsharder.local_shards(whole, fsdp)
+            self._shards = [t for g in shards for t in g]
+            self.program.unsharder_factory = (
+                lambda groups, order: fsdp_runtime.SimulatedUnsharder(groups, fsdp, shards, order=order))
         self.program.runner = checkpointed_module(gm) if has_plan(gm) else gm
+        if fsdp > 1:
+            self.program.unshard_order = fsdp_runtime.call_order(self.program.runner)
         self.compile_seconds = time.perf_counter() - start
 
     def _state(self) -> tuple[int, int, int]:
@@ -176,6 +201,8 @@ class MemoryModel:
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
         leaves, _ = pytree.tree_flatten(((ids,), {"labels": ids}))
         params = list(self.model.parameters())
+        if self.fsdp > 1:
+            params = self._shards  # the gradients are the local shards' (the whole ones: transient)
         for p in params:
             p.grad = None
         tracker = PeakTracker()
@@ -183,7 +210,7 @@ class MemoryModel:
                  for p in params if p.requires_grad]
         try:
             with collectives.simulate(self.sp_size, rank), tracker:
-                with SavedTensors(params) as saved:
+                with SavedTensors(list(self.model.parameters())) as saved:
                     loss = _loss_of(self.program(self.model, leaves))
                 loss.backward()
                 del loss
@@ -196,31 +223,40 @@ class MemoryModel:
         param_bytes, grad_bytes, optimizer_bytes = self._state()
         return MemoryEstimate(seq_len, self.sp_size, self.dtype, self.checkpointing, saved.bytes,
                               tracker.peak_bytes, tracker.peak_other_bytes, param_bytes, grad_bytes,
-                              optimizer_bytes, time.perf_counter() - start)
+                              optimizer_bytes, time.perf_counter() - start, fsdp=self.fsdp)
 
 
 def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                    checkpointing: str = "off", batch: int = 1, rank: int | None = None) -> MemoryEstimate:
+                    checkpointing: str = "off", batch: int = 1, rank: int | None = None,
+                    fsdp: int = 1) -> MemoryEstimate:
     """Per-rank memory of one training step of ``autosp.compile(model, checkpointing=...)``
     over ``sp_size`` ranks at ``seq_len`` tokens (see the module docstring).
 
     ``model_or_config``: an ``nn.Module`` (copied to meta if it has data), an autosp
     ``LlamaConfig``, a Hugging Face config, or a preset name (``"tiny"``, ``"small"``,
     ``"1b"``, ``"8b"``). ``rank`` picks one simulated rank; by default the larger of the
-    first and last rank's numbers is reported.
+    first and last rank's numbers is reported. ``fsdp``: the model state sharded by FSDP2
+    over that many ranks (the recipe: ``fully_shard`` on each layer, then the root), as
+    the runtime executes it: one layer unsharded at a time plus the next one's prefetch,
+    each layer's whole gradient until its reduce-scatter, and parameters, gradients and
+    optimizer state divided by ``fsdp`` in :meth:`MemoryEstimate.state_bytes`.
     """
-    return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank).estimate(seq_len)
+    return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank, fsdp=fsdp).estimate(seq_len)
 
 
 def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                 checkpointing: str = "off", zero_stage: int = 3, state_shards: int | None = None,
-                granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False) -> int:
+                granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False, fsdp: int = 1) -> int:
     """The longest sequence (a multiple of ``granularity``) whose step fits in
-    ``budget_bytes`` per rank: model state (ZeRO ``zero_stage`` over ``state_shards``
-    ranks, default ``sp_size``) plus the activation peak. Binary search over
-    :meth:`MemoryModel.estimate`; 0 when not even ``granularity`` tokens fit."""
-    model = MemoryModel(model_or_config, sp_size, dtype, checkpointing)
+    ``budget_bytes`` per rank: model state plus the activation peak. With ``fsdp`` > 1
+    the step is the one the runtime executes with FSDP2 over ``fsdp`` ranks (see
+    :func:`estimate_memory`); otherwise the state is counted as ZeRO ``zero_stage`` over
+    ``state_shards`` ranks (default ``sp_size``) on top of an unsharded step. Binary search
+    over :meth:`MemoryModel.estimate`; 0 when not even ``granularity`` tokens fit."""
+    model = MemoryModel(model_or_config, sp_size, dtype, checkpointing, fsdp=fsdp)
     shards = state_shards or sp_size
+    if fsdp > 1:
+        zero_stage, shards = 3, fsdp
 
     def fits(n: int) -> bool:
         est = model.estimate(n * granularity)

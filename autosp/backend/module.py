@@ -43,6 +43,7 @@ class CompiledProgram:
     unshard_groups: list[list[int]] = field(default_factory=list)  # state indices per unshard node, in call order
     prefetch: bool = True  # issue the next group's all-gather before the current layer runs
     unshard_order: list[int] = field(default_factory=list)  # the runner's order of calling the groups
+    unsharder_factory: Callable | None = None  # (groups, order) -> an fsdp.Unsharder (default: the real one)
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
 
     def _check_sharded(self, state: list) -> None:
@@ -57,10 +58,15 @@ class CompiledProgram:
         return [fsdp.gather(t, self.shard_scale) if fsdp.is_sharded(t) else t for t in state]
 
     def _unsharder(self, state: list) -> tuple[list, "fsdp.Unsharder"]:
-        """``state`` with each FSDP2 parameter's local shard, and the call's Unsharder."""
-        self._check_sharded(state)
-        unsharder = fsdp.Unsharder([[state[i] for i in g] for g in self.unshard_groups], self.shard_scale,
-                                   prefetch=self.prefetch, order=self.unshard_order or None)
+        """``state`` with each FSDP2 parameter's local shard, and the call's Unsharder
+        (``unsharder_factory``'s, for the memory model's simulated one)."""
+        groups = [[state[i] for i in g] for g in self.unshard_groups]
+        if self.unsharder_factory is not None:
+            unsharder = self.unsharder_factory(groups, self.unshard_order or None)
+        else:
+            self._check_sharded(state)
+            unsharder = fsdp.Unsharder(groups, self.shard_scale, prefetch=self.prefetch,
+                                       order=self.unshard_order or None)
         state = list(state)
         for g, shards in zip(self.unshard_groups, unsharder.locals):
             for i, t in zip(g, shards):

@@ -165,6 +165,24 @@ def param_groups(model: torch.nn.Module) -> list[list[str]]:
     return [names for (prefix, _), names in sorted(groups.items(), key=lambda kv: order[kv[0][0]])]
 
 
+def recipe_groups(model: torch.nn.Module) -> list[list[str]]:
+    """The groups :func:`param_groups` would find after the FSDP2 recipe (``fully_shard``
+    on each layer, then on the root), for an unsharded model (the memory model): each
+    element of the model's largest ``ModuleList`` is a layer."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return [[n for n, _ in model.named_parameters()]]
+    prefix, layers = max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+    owner = {}
+    for i in range(len(layers)):
+        for name, _ in layers[i].named_parameters(prefix=f"{prefix}.{i}"):
+            owner[name] = i + 1
+    groups: list[list[str]] = [[] for _ in range(len(layers) + 1)]
+    for name, _ in model.named_parameters():
+        groups[owner.get(name, 0)].append(name)
+    return [g for g in groups if g]
+
+
 _TAG = "_autosp_unshard"  # attribute on the local shards a call passes: (Unsharder, group index)
 
 
@@ -201,12 +219,16 @@ class Unsharder:
     group handed to its layer) and ``max_unsharded`` the most groups unsharded at once."""
 
     def __init__(self, groups: list[list], scale: float, prefetch: bool = True, order: list[int] | None = None):
+        self.group = groups[0][0].device_mesh.get_group()
+        self._setup(groups, dist.get_world_size(self.group), [[p.to_local() for p in g] for g in groups],
+                    scale, prefetch, order)
+
+    def _setup(self, groups, n, shards, scale, prefetch, order) -> None:
         self.order = list(order) if order is not None else list(range(len(groups)))  # the program's call order
         self.taken: set[int] = set()
-        self.group = groups[0][0].device_mesh.get_group()
-        self.n = dist.get_world_size(self.group)
+        self.n = n
         self.scale, self.prefetch = scale, prefetch
-        self.locals = [[p.to_local() for p in g] for g in groups]
+        self.locals = shards
         for k, shards in enumerate(self.locals):
             for t in shards:
                 setattr(t, _TAG, (self, k))
@@ -230,7 +252,7 @@ class Unsharder:
             mine[: t.shape[0]].copy_(t.detach().reshape(t.shape[0], -1))
             mine[t.shape[0]:].zero_()
         out = torch.empty(lay.total * self.n, dtype=lay.dtype, device=device)
-        work = dist.all_gather_single(out, send, group=self.group, async_op=True)
+        work = self._all_gather(out, send)
         self.pending[(phase, k)] = (work, out)
         self.log.append(("all_gather", phase, k))
 
@@ -239,7 +261,8 @@ class Unsharder:
         if (phase, k) not in self.pending:
             self._issue(k, phase)
         work, out = self.pending.pop((phase, k))
-        work.wait()
+        if work is not None:
+            work.wait()
         lay = self.layouts[k]
         out = out.view(self.n, lay.total)
         roots = []
@@ -262,7 +285,7 @@ class Unsharder:
             self._issue(later[0], "forward")
         self.forward_roots[k] = [weakref.ref(r) for r in roots]
         for i, r in enumerate(roots):
-            self.registry[r.untyped_storage().data_ptr()] = (weakref.ref(r), k, i)
+            self.registry[_storage(r)] = (weakref.ref(r), k, i)
         self._count_unsharded()
         self.log.append(("use", "forward", k))
         return [r if r.shape[0] == rows else r[:rows] for r, rows in zip(roots, self.layouts[k].rows)]
@@ -285,7 +308,9 @@ class Unsharder:
         self.reduced.add(k)
         self.backward_roots.pop(k, None)
         if ("backward", k) in self.pending:  # prefetched, then not needed
-            self.pending.pop(("backward", k))[0].wait()
+            work = self.pending.pop(("backward", k))[0]
+            if work is not None:
+                work.wait()
         lay, shards = self.layouts[k], self.locals[k]
         if all(g is None for g in grads):
             return [None] * len(grads)
@@ -301,12 +326,18 @@ class Unsharder:
                 rem = flat[whole * size:]
                 send[whole, off:off + rem.numel()].copy_(rem)
         mine = like.new_empty(lay.total)
-        dist.reduce_scatter_single(mine, send.view(-1), group=self.group)
+        self._reduce_scatter(mine, send.view(-1))
         self.log.append(("reduce_scatter", "backward", k))
         if self.scale != 1.0:
             mine.mul_(self.scale)
         return [None if g is None else mine[off:off + size].view(per, *rest)[: t.shape[0]]
                 for g, t, off, per, size, rest in zip(grads, shards, lay.offsets, lay.per, lay.sizes, lay.rest)]
+
+    def _all_gather(self, out: torch.Tensor, send: torch.Tensor):
+        return dist.all_gather_single(out, send, group=self.group, async_op=True)
+
+    def _reduce_scatter(self, out: torch.Tensor, send: torch.Tensor) -> None:
+        dist.reduce_scatter_single(out, send, group=self.group)
 
     # ---------------------------------------------------------------- saved tensors
     @contextlib.contextmanager
@@ -317,11 +348,11 @@ class Unsharder:
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
 
         def pack(t: torch.Tensor):
-            entry = self.registry.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+            entry = self.registry.get(_storage(t))
             if entry is not None:
                 root = entry[0]()
-                # A dead root never matches: its address may since belong to another tensor.
-                if root is not None and root.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                # A dead root never matches: its storage's address may since be another's.
+                if root is not None and _storage(root) == _storage(t):
                     self.saved[entry[1]] = self.saved.get(entry[1], 0) + 1
                     return _Token(entry[1], entry[2], t)
             return ("outer", outer[0](t)) if outer is not None else t
@@ -335,6 +366,35 @@ class Unsharder:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
+
+
+class SimulatedUnsharder(Unsharder):
+    """An :class:`Unsharder` without collectives, for the memory model: ``groups`` are the
+    whole (meta) parameters and ``shards`` stand for one rank's local shards
+    (:meth:`local_shards`, made once, outside the memory counters); every buffer the real
+    one allocates is allocated, nothing is communicated."""
+
+    def __init__(self, groups: list[list], n: int, shards: list[list], prefetch: bool = True,
+                 order: list[int] | None = None):
+        self.group = None
+        self._setup(groups, n, shards, 1.0, prefetch, order)
+
+    @staticmethod
+    def local_shards(groups: list[list], n: int) -> list[list[torch.Tensor]]:
+        """Tensors of the first rank's shard shapes (the largest), leaves like parameters."""
+        return [[torch.empty((min(-(-p.shape[0] // n), p.shape[0]), *p.shape[1:]), dtype=p.dtype, device=p.device)
+                 .requires_grad_(p.requires_grad) for p in g] for g in groups]
+
+    def _all_gather(self, out, send):
+        return None
+
+    def _reduce_scatter(self, out, send) -> None:
+        pass
+
+
+def _storage(t: torch.Tensor) -> int:
+    """An identity of ``t``'s storage (also for meta tensors, which have no addresses)."""
+    return t.untyped_storage()._cdata
 
 
 class _Unshard(torch.autograd.Function):

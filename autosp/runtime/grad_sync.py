@@ -181,6 +181,17 @@ def insert_sync_points(gm: torch.fx.GraphModule, buckets: list[list[int]]) -> No
     gm.recompile()
 
 
+def remove_sync_points(gm: torch.fx.GraphModule) -> None:
+    """Undo :func:`insert_sync_points` (in place): each bucket's parameters read directly."""
+    for point in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is sync_point]:
+        for item in list(point.users):
+            item.replace_all_uses_with(point.args[item.args[1]])
+            gm.graph.erase_node(item)
+        gm.graph.erase_node(point)
+    gm.graph.lint()
+    gm.recompile()
+
+
 class GradientSync:
     """Sums (times ``scale``) this call's parameter gradients over ``group`` in backward.
 
