@@ -1,6 +1,7 @@
 """Collectives per layer and bytes moved by autosp, against the analytical Ulysses volume.
 
     python bench/collectives.py [--seq 1024] [--world 2] [--bucket-mb 25]
+    python bench/collectives.py --fsdp [--world 2]     # FSDP2-sharded model state
 
 Every collective a rank issues during one training step (forward, backward and the
 gradient all-reduce) is seen by a dispatch mode: PyTorch's c10d and functional
@@ -15,6 +16,14 @@ Overlap of the gradient all-reduce with backward: autosp starts each bucket's al
 bucket. The table reports the share of gradient bytes whose all-reduce was issued before
 the last backward compute op ran (the rest can only start after it), and the time from
 the first issue to the end of ``loss.backward()`` against the whole backward.
+
+With ``--fsdp`` the model is sharded with the FSDP2 recipe (``fully_shard`` per block, then
+the root) over the world, and the table counts the parameter collectives per group (each
+block, and the root): all-gathers in forward and in backward, reduce-scatters, and any
+all-reduce of gradients (there must be none: the SP sum folds into the reduce-scatter).
+Analytical volume per block and rank (ring algorithms): an all-gather and a reduce-scatter
+each send (P-1)/P of the block's parameters (rows padded to a multiple of P), so a step
+sends 3 x (P-1)/P x the block's bytes.
 """
 from __future__ import annotations
 
@@ -70,6 +79,12 @@ class CollectiveCounter(TorchDispatchMode):
             elif "reduce" in kind and "scatter" not in kind:
                 kind = "all_reduce"
                 nbytes = nbytes * (self.world - 1) // self.world * 2  # ring all-reduce
+            elif "gather" in kind:  # (output, input, ...): a ring sends this rank's input to P-1 others
+                kind = "all_gather"
+                nbytes = args[1].numel() * args[1].element_size() * (self.world - 1)
+            elif "scatter" in kind:  # (output, input, ...): a ring sends (P-1)/P of the input
+                kind = "reduce_scatter"
+                nbytes = args[1].numel() * args[1].element_size() * (self.world - 1) // self.world
             self.calls[kind] += 1
             self.sent[kind] += nbytes
             return func(*args, **kwargs)
@@ -112,6 +127,58 @@ def _body(rank, world, queue, cfg, seq, checkpointing, bucket_bytes):
     queue.put((rank, (dict(fwd.calls), dict(fwd.sent), dict(bwd.calls), dict(bwd.sent), ov)))
 
 
+def _fsdp_body(rank, world, queue, cfg, seq, checkpointing):
+    import autosp
+    from torch.distributed.fsdp import fully_shard
+    from autosp.testing.models import LlamaConfig, LlamaLike
+    torch.manual_seed(0)
+    model = LlamaLike(LlamaConfig(**cfg))
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    ids = torch.randint(0, cfg["vocab"], (1, seq))
+    compiled = autosp.compile(model, checkpointing=checkpointing)
+    compiled(ids, labels=ids)["loss"].backward()  # compile outside the count
+    fwd, bwd = CollectiveCounter(rank, world), CollectiveCounter(rank, world)
+    with fwd:
+        loss = compiled(ids, labels=ids)["loss"]
+    with bwd:
+        loss.backward()
+    program = compiled.programs[0]
+    log = program.last_unsharder.log
+    groups = program.unshard_order
+    per_group = {k: (log.count(("all_gather", "forward", k)), log.count(("all_gather", "backward", k)),
+                     log.count(("reduce_scatter", "backward", k))) for k in groups}
+    blocks = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in model.blocks]
+    queue.put((rank, (dict(fwd.calls), dict(fwd.sent), dict(bwd.calls), dict(bwd.sent), per_group,
+                      program.last_unsharder.max_unsharded, blocks)))
+
+
+def fsdp_table(world: int, seq: int) -> list[str]:
+    """Rows: the FSDP2 parameter collectives of one step, per group, against the analytical volume."""
+    rows = ["| model | P | checkpointing | per group: all-gather fwd, bwd, reduce-scatter | all-reduces fwd (loss) + bwd | "
+            "all-to-all fwd + bwd (SP) | parameter MiB sent / step / rank | analytical MiB | ratio | "
+            "groups unsharded at once |", "|---|---|---|---|---|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    for (name, cfg), checkpointing in [(m, c) for m in list(MODELS.items())[1:] for c in ("off", "sac")]:
+        res = run_ranks(_fsdp_body, world, args=(cfg, seq, checkpointing), timeout=600)
+        fc, fs, bc, bs, per_group, unsharded, blocks = res[0]
+        counts = sorted(set(per_group.values()))
+        sent = sum(d.get(k, 0) for d in (fs, bs) for k in ("all_gather", "reduce_scatter"))
+        # Whole model, rows padded to a multiple of P: every group (blocks and root) 3 x (P-1)/P.
+        from autosp.testing.models import LlamaConfig, LlamaLike
+        with torch.device("meta"):
+            model = LlamaLike(LlamaConfig(**cfg))
+        padded = sum(-(-p.shape[0] // world) * world * p[0].numel() * p.element_size() for p in model.parameters())
+        ideal = 3 * (world - 1) / world * padded
+        rows.append(f"| {name} | {world} | {checkpointing} | {len(per_group)} groups, each {' / '.join(map(str, counts))} | "
+                    f"{fc.get('all_reduce', 0)} + {bc.get('all_reduce', 0)} | "
+                    f"{fc.get('all_to_all', 0)} + {bc.get('all_to_all', 0)} | {sent / 2**20:.3f} | "
+                    f"{ideal / 2**20:.3f} | {sent / ideal:.2f} | {unsharded} of {len(per_group)} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def analytical_bytes_per_layer(cfg: dict, seq: int, world: int, elem: int = 4) -> float:
     """Ulysses minimum, bytes a rank sends per attention layer (forward + backward)."""
     head_dim = cfg["hidden"] // cfg["heads"]
@@ -125,8 +192,15 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size (MiB)")
+    parser.add_argument("--fsdp", action="store_true", help="count FSDP2's parameter collectives instead")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.fsdp:
+        rows = fsdp_table(args.world, args.seq)
+        if not args.no_write:
+            append_section("FSDP2 parameter collectives per step", f"S={args.seq}, fp32, FSDP = SP over P ranks",
+                           "\n".join(rows))
+        return
     rows = ["| model | P | all-to-all / layer fwd + bwd (Ulysses min 4 + 4) | other collectives / step | "
             "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio | grad buckets | "
             "grad bytes issued before last bwd op | first issue to end of bwd / bwd (ms) |",
