@@ -21,3 +21,6 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 timeout 290 "$PY" bench/gpu_check.py --out "${OUT:-bench}/gpu_check.md" "$@"
+NGPU=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
+timeout 200 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" bench/gpu_fsdp_check.py \
+  --out "${OUT:-bench}/gpu_check.md"
