@@ -6,7 +6,9 @@
 * ``autosp.estimate_memory`` (meta tensors, simulated ranks) is within 10% of what two
   real gloo ranks measure for saved bytes in every mode and peak bytes without
   checkpointing and with SAC (full recompute: 20%, see the comment); an estimate for the
-  wrong number of ranks is not (the comparison can fail).
+  wrong number of ranks is not (the comparison can fail). With the model state sharded
+  by FSDP2 over both ranks (``fsdp=2``), model state and step peak are within 10% too,
+  and the unsharded model's state is not.
 """
 import copy
 
@@ -67,6 +69,25 @@ def _measure_body(rank, world, queue, seed):
         compiled(ids, labels=ids)["loss"].backward()  # compile and warm up outside the measurement
         reports = [measure_step(lambda compiled=compiled: compiled(ids, labels=ids)["loss"], model.parameters()) for _ in range(3)]
         out[mode] = (reports[0].saved_bytes, min(r.peak_bytes for r in reports))
+    # The same model sharded by FSDP2 (the recipe) over both ranks: state bytes and step peak.
+    from torch.distributed.fsdp import fully_shard
+    sharded = _model(seed)
+    for block in sharded.blocks:
+        fully_shard(block)
+    fully_shard(sharded)
+    compiled = autosp.compile(sharded)
+    opt = torch.optim.AdamW(sharded.parameters())
+    compiled(ids, labels=ids)["loss"].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    local = [p.to_local() for p in sharded.parameters()]
+    reports = [measure_step(lambda: compiled(ids, labels=ids)["loss"], local) for _ in range(2)]
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x for x in tensors))
+    state = nbytes(local) + nbytes(p.grad for p in sharded.parameters())
+    state += nbytes(t for s in opt.state.values() for t in s.values() if t.dim() > 0)
+    out["fsdp"] = (state, min(r.peak_bytes for r in reports))
     queue.put((rank, out))
 
 
@@ -87,6 +108,15 @@ def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
         # Negative control: the estimate for one rank is far from what each of two ranks keeps.
         wrong = estimate_memory(LlamaConfig(**CONFIG), SEQ, sp_size=1, dtype=torch.float32, checkpointing=mode)
         assert abs(wrong.saved_bytes - measured[0][mode][0]) > TOL * measured[0][mode][0]
+    # FSDP2 over both ranks: parameters, gradients and AdamW state are halves; the step peak
+    # holds the unsharded layers, prefetch buffers and whole layer gradients.
+    est = estimate_memory(LlamaConfig(**CONFIG), SEQ, sp_size=2, dtype=torch.float32, fsdp=2)
+    unsharded = estimate_memory(LlamaConfig(**CONFIG), SEQ, sp_size=2, dtype=torch.float32)
+    for rank, result in measured.items():
+        state, peak = result["fsdp"]
+        assert abs(est.state_bytes() - state) <= TOL * state, f"FSDP rank {rank}: state {est.state_bytes()} vs {state}"
+        assert abs(est.peak_bytes - peak) <= TOL * peak, f"FSDP rank {rank}: peak {est.peak_bytes} vs {peak}"
+        assert abs(unsharded.state_bytes() - state) > TOL * state  # control: whole state per rank
 
 
 def test_max_context_is_the_longest_that_fits():
