@@ -6,11 +6,34 @@ Every rank of a sequence-parallel group feeds the same full batch, exactly as it
 call the single-device model; autosp shards the sequence, and with more ranks than
 --sp the groups are data-parallel replicas (each its own batch, gradients averaged).
 Synthetic tokens by default; --data takes a text file (bytes as tokens) or a tokenised
-.npy / .bin (uint16) array. --verify also trains the single-device model on rank 0 with
-the same batches and prints both losses each step (needs one data-parallel replica); with
---dtype bf16 it trains an fp32 single-device model too, and asks that SP be as close to fp32
-as one device in bf16 is (one bf16 step of slack). The exit code is non-zero on every rank
-when the check fails.
+.npy / .bin (uint16) array. The batch of step k is a function of (--seed, k) only: sample
+i of a step comes from its own generator seeded by (seed, step, i), and replica r takes
+samples r*B .. (r+1)*B-1 (B = --batch), so a run resumed at another world size (same
+global batch) feeds the same batches. --verify also trains the single-device model on
+rank 0 with the same batches and prints both losses each step (needs one data-parallel
+replica); with --dtype bf16 it trains an fp32 single-device model too, and asks that SP be
+as close to fp32 as one device in bf16 is (one bf16 step of slack). The exit code is
+non-zero on every rank when the check fails.
+
+Model: --size picks a preset (tiny, small, 1b, 8b = Llama-3-8B's shape; default tiny);
+--model DIR loads a local Hugging Face model directory (config.json + safetensors,
+nothing is downloaded) instead; the two are exclusive.
+
+--fsdp shards the model state with FSDP2 (fully_shard on each decoder block, then on
+the root) over all ranks before autosp.compile; --no-fsdp keeps it replicated. By default
+FSDP is off on one rank and, on more, on when the model state (16 bytes per parameter:
+weights, gradients and AdamW's fp32 moments) exceeds 1/8 of a GPU's memory (the CUDA
+device's, or --gpu-gib): on for --size 1b and 8b, off for tiny and small.
+
+Checkpoints (torch.distributed.checkpoint, with or without FSDP, any world size):
+--save DIR writes model, optimizer and step to DIR/step-NNNNNN after the last step and
+every --save-every N steps; --resume DIR (a step folder, or DIR for its latest one)
+loads them and continues up to --steps (the total step count). --init-from FILE.pt loads
+a torch.save'd plain state_dict of the unsharded model (sharded or not).
+
+--dry-run trains nothing: it compiles the model on the meta device and prints a rank's
+memory plan (parameters, gradients, optimizer state, activation peak, total) against
+--gpu-gib, for --world N simulated ranks (no torchrun needed; --sp defaults to N).
 Runs on CPU (gloo) or CUDA (nccl); without torchrun it runs as a world of one.
 """
 from __future__ import annotations
@@ -37,16 +60,29 @@ from autosp.api import CHECKPOINTING  # noqa: E402
 from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
 
 SIZES = LLAMA_PRESETS  # tiny, small, 1b, 8b (Llama-3-8B's shape)
+# Model state per parameter under AdamW: weights + gradients + two fp32 moments (fp32: 4 + 4
+# + 8; bf16: 2 + 2 + 8 + a 4-byte fp32 master copy). FSDP turns on by itself (world > 1) when
+# that exceeds this fraction of one GPU's memory.
+STATE_BYTES_PER_PARAM = 16
+FSDP_AUTO_FRACTION = 1 / 8
+GiB = 1 << 30
+
+
+class UsageError(Exception):
+    """A bad option found after the process group exists (every rank finds it alike)."""
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    p.add_argument("--size", choices=sorted(SIZES), default=None, help="model preset (default: tiny)")
+    p.add_argument("--model", metavar="DIR",
+                   help="a local Hugging Face model directory (config.json + safetensors), loaded with "
+                        "AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True); not with --size/--layers")
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--seq", type=int, default=256, help="sequence length (need not divide by --sp)")
-    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2, help="sequences per data-parallel replica per step")
     p.add_argument("--sp", type=int, help="sequence-parallel size (default: all ranks)")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="total steps (a resumed run continues up to this one)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true", help="compile the emitted module with Inductor")
@@ -54,13 +90,90 @@ def parse_args(argv=None):
                    help="sac: keep attention, recompute the rest of each layer in backward; "
                         "sac-min: keep attention's output only, recompute q/k/v and their all-to-alls; "
                         "full: keep only each layer's input")
+    p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
+                   help="shard parameters, gradients and optimizer state with FSDP2 over all ranks "
+                        "(fully_shard per decoder block, then the root). Default: off on one rank; on more, on "
+                        f"when {STATE_BYTES_PER_PARAM} bytes per parameter exceed 1/{round(1 / FSDP_AUTO_FRACTION)} "
+                        "of a GPU's memory (the CUDA device's, else --gpu-gib): on for --size 1b and 8b")
     p.add_argument("--verify", action="store_true", help="train the single-device model alongside on rank 0")
     p.add_argument("--data", help="text file, or tokenised .npy/.bin (uint16) file")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", metavar="DIR",
+                   help="save model, optimizer and step with torch.distributed.checkpoint to DIR/step-NNNNNN "
+                        "after the last step (and every --save-every steps)")
+    p.add_argument("--save-every", type=int, metavar="N", help="with --save: also save every N steps")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from a --save checkpoint (a step-NNNNNN folder, or the --save DIR for its "
+                        "latest); any world size, --sp or --fsdp")
+    p.add_argument("--init-from", metavar="FILE",
+                   help="start from a torch.save'd plain state_dict() of the unsharded model (works with --fsdp)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="train nothing: compile on the meta device and print a rank's memory plan")
+    p.add_argument("--world", type=int, metavar="N",
+                   help="with --dry-run: the number of ranks to plan for (default: torchrun's, else 1)")
+    p.add_argument("--gpu-gib", type=float, default=80.0,
+                   help="GPU memory per rank in GiB: --dry-run's budget, and the automatic --fsdp rule off CUDA "
+                        "(default 80)")
     # Hidden debug knobs for the tests' negative controls.
     p.add_argument("--debug-sp-loss-offset", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--debug-raise-on-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _check_options(args)
+    return args
+
+
+def _fail(message: str):
+    """A one-line error for a bad option (before any process group exists)."""
+    raise SystemExit(f"train.py: error: {message}")
+
+
+def _check_options(args) -> None:
+    if args.model is not None:
+        if args.size is not None or args.layers is not None:
+            _fail("--model DIR loads its own configuration: drop --size/--layers, or drop --model")
+        if not os.path.isfile(os.path.join(args.model, "config.json")):
+            _fail(f"--model {args.model}: no config.json there (a local Hugging Face model directory is expected)")
+    elif args.size is None:
+        args.size = "tiny"
+    if args.save_every is not None:
+        if args.save is None:
+            _fail("--save-every needs --save DIR")
+        if args.save_every < 1:
+            _fail(f"--save-every must be >= 1, got {args.save_every}")
+    if args.resume is not None and args.init_from is not None:
+        _fail("--resume and --init-from both set the starting weights: pass one")
+    if args.init_from is not None and not os.path.isfile(args.init_from):
+        _fail(f"--init-from {args.init_from}: no such file")
+    if args.resume is not None:
+        args.resume = resolve_checkpoint(args.resume)
+    if args.world is not None and not args.dry_run:
+        _fail("--world simulates ranks for --dry-run only; under torchrun the world is --nproc-per-node")
+    if args.dry_run:
+        for flag in ("verify", "save", "resume", "init_from", "data"):
+            if getattr(args, flag):
+                _fail(f"--dry-run trains nothing: --{flag.replace('_', '-')} does not apply")
+        if args.world is not None and args.world < 1:
+            _fail(f"--world must be >= 1, got {args.world}")
+    elif args.fsdp and "RANK" not in os.environ:
+        _fail("--fsdp shards over the ranks of a torchrun job: run under torchrun")
+
+
+def checkpoint_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step-{step:06d}")
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The checkpoint folder ``--resume path`` names: ``path`` itself when it holds a DCP
+    checkpoint (``.metadata``), else its latest ``step-NNNNNN`` folder that does."""
+    if not os.path.isdir(path):
+        _fail(f"--resume {path}: no such directory")
+    if os.path.isfile(os.path.join(path, ".metadata")):
+        return path
+    steps = sorted(d for d in os.listdir(path)
+                   if d.startswith("step-") and os.path.isfile(os.path.join(path, d, ".metadata")))
+    if not steps:
+        _fail(f"--resume {path}: not a checkpoint (no .metadata, no step-NNNNNN folder holding one)")
+    return os.path.join(path, steps[-1])
 
 
 def load_tokens(path: str | None, vocab: int) -> torch.Tensor | None:
@@ -78,14 +191,26 @@ def load_tokens(path: str | None, vocab: int) -> torch.Tensor | None:
     return tokens
 
 
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """The generator seed of sample ``index`` of step ``step``'s global batch."""
+    return ((seed * 1_000_003 + step) * 1_000_033 + index) % (1 << 63)
+
+
 def make_batch(step: int, args, vocab: int, tokens, replica: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + replica)
-    if tokens is None:
-        # A learnable synthetic language: each sequence counts up from a random start.
-        start = torch.randint(0, vocab, (args.batch, 1), generator=gen)
-        return (start + torch.arange(args.seq)) % vocab
-    starts = torch.randint(0, len(tokens) - args.seq - 1, (args.batch,), generator=gen)
-    return torch.stack([tokens[s:s + args.seq] for s in starts.tolist()])
+    """Replica ``replica``'s ``args.batch`` sequences of step ``step``: samples
+    ``replica * batch ...`` of the step's global batch, each a function of (seed, step, its
+    index) only, so the batches of a step do not depend on the world size or on resuming."""
+    rows = []
+    for i in range(args.batch):
+        gen = torch.Generator().manual_seed(sample_seed(args.seed, step, replica * args.batch + i))
+        if tokens is None:
+            # A learnable synthetic language: each sequence counts up from a random start.
+            start = int(torch.randint(0, vocab, (1,), generator=gen))
+            rows.append((start + torch.arange(args.seq)) % vocab)
+        else:
+            start = int(torch.randint(0, len(tokens) - args.seq - 1, (1,), generator=gen))
+            rows.append(tokens[start:start + args.seq])
+    return torch.stack(rows)
 
 
 def peak_memory_mib(device) -> float:
@@ -187,6 +312,10 @@ def _terminate(signum, frame):
 def main(argv=None) -> int:
     args = parse_args(argv)
     distributed = "RANK" in os.environ
+    if args.dry_run:  # one process plans for --world ranks; under torchrun, rank 0 prints it
+        if int(os.environ.get("RANK", 0)) != 0:
+            return 0
+        return dry_run(args, args.world or int(os.environ.get("WORLD_SIZE", 1)))
     world = int(os.environ.get("WORLD_SIZE", 1)) if distributed else 1
     sp = args.sp or world
     # Checked before the process group exists: every rank fails alike, nothing to clean up.
@@ -196,6 +325,8 @@ def main(argv=None) -> int:
         raise SystemExit("--verify compares against one single-device model: use one data-parallel replica")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # FSDP2's default mesh uses the current device
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=5))
         if threading.current_thread() is threading.main_thread():
@@ -207,6 +338,10 @@ def main(argv=None) -> int:
         clean = True  # train() returned on every rank: the verdict was shared
         if status:
             print(f"rank {rank}: exit status {status}: the verify check failed", file=sys.stderr, flush=True)
+    except UsageError as e:  # found alike on every rank (e.g. the checkpoint's step): one line, from rank 0
+        clean, status = True, 2
+        if rank == 0:
+            print(f"train.py: error: {e}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print(f"rank {rank}: interrupted", file=sys.stderr, flush=True)
         status = 130
@@ -233,73 +368,323 @@ def _peer_lost(e: Exception) -> bool:
         isinstance(e, RuntimeError) and "gloo" in text and ("Connection closed" in text or "Connection reset" in text))
 
 
+# ---------------------------------------------------------------- model, FSDP, checkpoints
+def model_config(args) -> LlamaConfig:
+    cfg_kwargs = dict(SIZES[args.size])
+    if args.layers:
+        cfg_kwargs["layers"] = args.layers
+    return LlamaConfig(max_positions=max(2048, args.seq), **cfg_kwargs)
+
+
+def build_model(args, dtype: torch.dtype) -> tuple[torch.nn.Module, int, str]:
+    """(the model on the CPU in ``dtype``, its vocabulary size, a description)."""
+    if args.model:
+        from transformers import AutoModelForCausalLM
+        # from_pretrained returns the model in eval mode, which is kept: no dropout, so the
+        # SP run and --verify's reference compute the same function.
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", local_files_only=True)
+        cfg = model.config
+        return (model.to(dtype), cfg.vocab_size,
+                f"Hugging Face '{cfg.model_type}' from {args.model}, {cfg.num_hidden_layers} layers")
+    cfg = model_config(args)
+    torch.manual_seed(args.seed)
+    return LlamaLike(cfg).to(dtype), cfg.vocab, f"Llama-style '{args.size}' {cfg.layers} layers"
+
+
+def is_hf(model: torch.nn.Module) -> bool:
+    return not isinstance(model, LlamaLike)
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules FSDP2 shards one by one: LlamaLike's blocks, a Hugging Face model's
+    decoder layers (``model.model.layers``, or the classes its ``_no_split_modules`` names)."""
+    if isinstance(model, LlamaLike):
+        return list(model.blocks)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is not None:
+        return list(layers)
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise UsageError(f"--fsdp: cannot find the decoder layers of {type(model).__name__}")
+    return blocks
+
+
+def model_loss(model, ids: torch.Tensor, hf: bool) -> torch.Tensor:
+    """The training loss of one batch (labels = inputs, shifted inside the model): LlamaLike
+    returns a dict with "loss", a Hugging Face model a ModelOutput with ``.loss``."""
+    if hf:
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+    else:
+        out = model(ids, labels=ids)
+    return out["loss"] if isinstance(out, dict) and "loss" in out else out.loss
+
+
+def auto_fsdp(n_params: int, world: int, gpu_bytes: float) -> bool:
+    """The default of --fsdp: on with more than one rank when the model state does not
+    comfortably fit one GPU (more than FSDP_AUTO_FRACTION of its memory)."""
+    return world > 1 and n_params * STATE_BYTES_PER_PARAM > FSDP_AUTO_FRACTION * gpu_bytes
+
+
+def gpu_memory_bytes(args, device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return args.gpu_gib * GiB
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once
+
+
+def local_param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters this rank holds (its shards under FSDP)."""
+    from torch.distributed.tensor import DTensor
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+               for p in model.parameters())
+
+
+def shard_model(model: torch.nn.Module) -> int:
+    """FSDP2 over the whole world: fully_shard each decoder block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+    blocks = decoder_blocks(model)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return len(blocks)
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter whole (a collective under FSDP: call it on every rank)."""
+    from torch.distributed.tensor import DTensor
+    return [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+
+
+def save_checkpoint(path: str, model, opt, step: int, seed: int) -> None:
+    """Model, optimizer, step (and the data seed) with torch.distributed.checkpoint:
+    each rank writes its shards; any world size can load them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd,
+              "progress": {"step": torch.tensor(step), "seed": torch.tensor(seed)}}, checkpoint_id=path,
+             no_dist=not dist.is_initialized())
+
+
+def load_checkpoint(path: str, model, opt, load_optimizer: bool = True) -> tuple[int, int]:
+    """Load a :func:`save_checkpoint` folder into ``model`` and ``opt`` (resharded to this
+    world); returns (step, seed). ``load_optimizer=False`` leaves ``opt`` fresh (the tests'
+    negative control)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    progress = {"step": torch.tensor(0), "seed": torch.tensor(0)}
+    if load_optimizer:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        state = {"model": model_sd, "optim": optim_sd, "progress": progress}
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        state = {"model": get_model_state_dict(model), "progress": progress}
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        set_model_state_dict(model, state["model"])
+    return int(progress["step"]), int(progress["seed"])
+
+
+def load_plain_state_dict(model, path: str) -> dict:
+    """--init-from: a torch.save'd plain state_dict of the unsharded model, loaded into
+    ``model`` (FSDP-sharded or not); returns the state_dict (the references load it too)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    # A shallow copy: under FSDP, set_model_state_dict replaces the dict's tensors by shards.
+    set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True))
+    return state
+
+
+def copy_state_to_references(model, opt, refs, ref_opts, rank: int) -> None:
+    """After --resume: the rank-0 references take the loaded weights and optimizer state
+    (gathered whole from the shards: a collective, every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:
+        return
+    for name, ref in refs.items():
+        # A copy: without FSDP the state dict holds the optimizer's own tensors, which the
+        # reference's optimizer would otherwise share (and step twice).
+        set_state_dict(ref, ref_opts[name], model_state_dict=model_sd, optim_state_dict=copy.deepcopy(optim_sd),
+                       options=StateDictOptions(full_state_dict=True))
+
+
+# ---------------------------------------------------------------- --dry-run
+def plan_rows(est, world: int, fsdp: bool, budget_bytes: float) -> tuple[list[tuple[str, str]], bool]:
+    """The memory plan of one rank as table rows, and whether it fits ``budget_bytes``.
+    With FSDP, parameters, gradients and optimizer state are divided by the world (ZeRO-3)."""
+    zero_stage, shards = (3, world) if fsdp else (0, 1)
+    share = f" (/ {shards})" if shards > 1 else ""
+    total = est.total_bytes(zero_stage, shards)
+    fits = total <= budget_bytes
+
+    def gib(n: float) -> str:
+        return f"{n / GiB:10.2f} GiB"
+
+    rows = [("parameters" + share, gib(est.param_bytes // shards)),
+            ("gradients" + share, gib(est.grad_bytes // shards)),
+            ("optimizer state (AdamW)" + share, gib(est.optimizer_bytes // shards)),
+            ("activation peak", gib(est.activation_peak_bytes)),
+            ("total", gib(total)),
+            (f"budget --gpu-gib {budget_bytes / GiB:g}",
+             f"{'fits' if fits else 'does not fit'} ({100 * total / budget_bytes:.0f}% of the budget)")]
+    return rows, fits
+
+
+def dry_run(args, world: int) -> int:
+    """--dry-run: compile on the meta device and print a rank's memory plan (no training,
+    no real parameters: an 8B model is shapes only)."""
+    from autosp.estimate import MemoryModel
+    sp = args.sp or world
+    if world % sp:
+        raise SystemExit(f"--sp {sp} must divide the number of ranks ({world})")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    if args.model:
+        from transformers import AutoConfig
+        what: object = AutoConfig.from_pretrained(args.model, local_files_only=True)
+        what.use_cache = False  # type: ignore[attr-defined]  # MemoryModel calls the model without use_cache=False
+        name = f"Hugging Face '{getattr(what, 'model_type', '?')}' from {args.model}"
+    else:
+        cfg = model_config(args)
+        what, name = cfg, f"Llama-style '{args.size}' {cfg.layers} layers"
+    print(f"dry run: compiling {name} on the meta device for SP {sp} ...", flush=True)
+    t0 = time.perf_counter()
+    memory_model = MemoryModel(what, sp, dtype, args.checkpointing, batch=args.batch)
+    n_params = count_params(memory_model.model)
+    budget = args.gpu_gib * GiB
+    fsdp = args.fsdp if args.fsdp is not None else auto_fsdp(n_params, world, budget)
+    est = memory_model.estimate(args.seq)
+    rows, _ = plan_rows(est, world, fsdp, budget)
+    params_text = f"{n_params / 1e9:.2f}B" if n_params >= 1e8 else f"{n_params / 1e6:.2f}M"
+    print(f"autosp {autosp.__version__} | dry run (meta device, nothing trained) | {name}, "
+          f"{params_text} params | {world} rank(s): {world // sp} data-parallel x {sp} sequence-parallel | "
+          f"FSDP {'on over ' + str(world) + ' ranks' if fsdp else 'off'} | seq {args.seq}, batch {args.batch}, "
+          f"{args.dtype}, checkpointing {args.checkpointing} | planned in {time.perf_counter() - t0:.1f}s")
+    width = max(len(k) for k, _ in rows)
+    print("memory per rank:\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), flush=True)
+    print(f"this process's peak host memory: {peak_memory_mib(torch.device('cpu')):.0f} MiB "
+          "(the model is shapes only)", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------- training
 def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bool:
     """The training loop; returns the verdict (True: passed or not verifying), shared by all ranks."""
     dp, replica = world // sp, rank // sp
     if device.type == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // world))))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    cfg_kwargs = dict(SIZES[args.size])
-    if args.layers:
-        cfg_kwargs["layers"] = args.layers
-    cfg = LlamaConfig(max_positions=max(2048, args.seq), **cfg_kwargs)
-
-    torch.manual_seed(args.seed)
-    model = LlamaLike(cfg).to(device=device, dtype=dtype)
+    model, vocab, description = build_model(args, dtype)
+    hf = is_hf(model)
+    n_params = count_params(model)
+    fsdp = args.fsdp if args.fsdp is not None else auto_fsdp(n_params, world, gpu_memory_bytes(args, device))
     # --verify: the single-device model in the same dtype and, in bf16, an fp32 one too; all
-    # three start from the same (bf16-representable) weights and see the same batches.
+    # three start from the same (bf16-representable) weights and see the same batches. They
+    # are plain copies made before FSDP shards the model.
     refs: dict[str, torch.nn.Module] = {}
     if args.verify and rank == 0:
-        refs["single"] = copy.deepcopy(model)
+        refs["single"] = copy.deepcopy(model).to(device)
         if dtype != torch.float32:
-            refs["fp32"] = copy.deepcopy(model).float()
-    n_params = sum(p.numel() for p in model.parameters())
+            refs["fp32"] = copy.deepcopy(model).float().to(device)
+    if fsdp:
+        n_blocks = shard_model(model)  # moves the shards to the mesh's device
+        fsdp_text = f"FSDP on (fully_shard on {n_blocks} blocks + the root, over {world} ranks)"
+    else:
+        model.to(device)
+        fsdp_text = "FSDP off"
+    if args.fsdp is None and world > 1:
+        gpu = gpu_memory_bytes(args, device)
+        fsdp_text += (f" [automatic: model state {n_params * STATE_BYTES_PER_PARAM / GiB:.1f} GiB "
+                      f"{'>' if fsdp else '<='} 1/{round(1 / FSDP_AUTO_FRACTION)} of {gpu / GiB:.0f} GiB]")
+    if args.init_from:
+        state = load_plain_state_dict(model, args.init_from)
+        for ref in refs.values():
+            ref.load_state_dict(state)
+        del state
     t0 = time.perf_counter()
     sp_model = autosp.compile(model, sp_size=sp, backend="inductor" if args.compile else None,
                               checkpointing=args.checkpointing)
     opt = torch.optim.AdamW(sp_model.parameters(), lr=args.lr, weight_decay=0.0)
     ref_opts = {k: torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0) for k, m in refs.items()}
-    tokens = load_tokens(args.data, cfg.vocab)
+    start_step, resumed = 0, ""
+    if args.resume:
+        start_step, seed = load_checkpoint(args.resume, model, opt)
+        if args.verify:
+            copy_state_to_references(model, opt, refs, ref_opts, rank)
+        resumed = f"resumed from {args.resume} at step {start_step}"
+        if seed != args.seed:
+            resumed += f"; warning: it was trained with --seed {seed}, this run's batches follow --seed {args.seed}"
+        if start_step >= args.steps:
+            raise UsageError(f"--resume {args.resume} is at step {start_step}: --steps {args.steps} leaves "
+                             "nothing to run (--steps counts from the start of training)")
+    param_bytes = torch.tensor([local_param_bytes(model)], dtype=torch.float64)
+    if distributed:
+        gathered_bytes = [torch.zeros_like(param_bytes) for _ in range(world)]
+        dist.all_gather(gathered_bytes, param_bytes)
+        param_bytes = torch.cat(gathered_bytes)
+    tokens = load_tokens(args.data, vocab)
     if rank == 0:
+        full_bytes = n_params * torch.empty((), dtype=dtype).element_size()
         print(f"autosp {autosp.__version__} | {world} rank(s): {dp} data-parallel x {sp} sequence-parallel | "
-              f"Llama-style '{args.size}' {cfg.layers} layers, {n_params / 1e6:.2f}M params | "
+              f"{description}, {n_params / 1e6:.2f}M params | "
               f"seq {args.seq}, batch {args.batch}, {args.dtype}, {device.type}", flush=True)
+        print(f"{fsdp_text} | parameter bytes per rank {int(param_bytes.max())} "
+              f"({param_bytes.max() / 2**20:.2f} MiB; unsharded {full_bytes / 2**20:.2f} MiB)", flush=True)
+        if args.init_from:
+            print(f"initialised from {args.init_from}", flush=True)
+        if resumed:
+            print(resumed, flush=True)
 
     step_times, losses = [], []
     ref_losses: dict[str, list[float]] = {k: [] for k in refs}
-    for step in range(args.steps):
+    reset_refs = args.verify and dtype != torch.float32
+    for step in range(start_step, args.steps):
         if args.debug_raise_on_rank == rank and step == 1:
             raise RuntimeError(f"--debug-raise-on-rank {rank}: a deliberate failure at step 2")
-        ids = make_batch(step, args, cfg.vocab, tokens, replica).to(device)
-        if "fp32" in refs:  # bf16: each step's losses at the SP model's own weights (see check_bf16)
+        ids = make_batch(step, args, vocab, tokens, replica).to(device)
+        if reset_refs:  # bf16: each step's losses at the SP model's own weights (see check_bf16)
             with torch.no_grad():
+                weights = full_params(model)  # every rank: a collective under FSDP
                 for ref in refs.values():
-                    for p_ref, p in zip(ref.parameters(), model.parameters()):
+                    for p_ref, p in zip(ref.parameters(), weights):
                         p_ref.copy_(p)
+                del weights
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = sp_model(ids, labels=ids)["loss"]
+        loss = model_loss(sp_model, ids, hf)
         loss.backward()
         opt.step()
         elapsed = time.perf_counter() - start
-        if step == 0 and rank == 0:
-            print(f"step 0 includes compilation: {time.perf_counter() - t0:.1f}s", flush=True)
+        if step == start_step and rank == 0:
+            print(f"step {step + 1} includes compilation: {time.perf_counter() - t0:.1f}s", flush=True)
         step_times.append(elapsed)
         # The debug offset moves the reported SP loss only: a negative control for --verify.
         losses.append(loss.item() + args.debug_sp_loss_offset)
-        line = f"step {step + 1:>4}/{args.steps} | loss {losses[-1]:8.4f}"
+        line = f"step {step + 1:>4}/{args.steps} | loss {losses[-1]:9.6f}"
         for name, ref in refs.items():
             ref_opts[name].zero_grad(set_to_none=True)
-            ref_loss = ref(ids, labels=ids)["loss"]
+            ref_loss = model_loss(ref, ids, hf)
             ref_loss.backward()
             ref_opts[name].step()
             ref_losses[name].append(ref_loss.item())
             label = "single-device" if name == "single" else "single-device fp32"
-            line += f" | {label} {ref_losses[name][-1]:8.4f} | diff {abs(losses[-1] - ref_losses[name][-1]):.1e}"
+            line += f" | {label} {ref_losses[name][-1]:9.6f} | diff {abs(losses[-1] - ref_losses[name][-1]):.1e}"
         tok_s = args.batch * args.seq * dp / elapsed
         line += f" | {tok_s:9.0f} tok/s | {elapsed:6.2f} s/step | peak {peak_memory_mib(device):7.1f} MiB"
         if rank == 0:
             print(line, flush=True)
+        done = step + 1
+        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+            t_save = time.perf_counter()
+            path = checkpoint_dir(args.save, done)
+            save_checkpoint(path, model, opt, done, args.seed)
+            if rank == 0:
+                print(f"saved step {done} to {path} ({time.perf_counter() - t_save:.1f}s)", flush=True)
 
     memory = torch.tensor([peak_memory_mib(device)], dtype=torch.float64, device=device)
     if distributed:
@@ -320,8 +705,10 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
     if rank == 0:
         steady = step_times[1:] or step_times
         mean = sum(steady) / len(steady)
-        rows = [("steps", f"{args.steps}"), ("tokens per step", f"{args.batch * args.seq * dp}"),
-                ("mean step time (after step 1)", f"{mean:.3f} s"),
+        span = f"step {args.steps}" if start_step + 1 == args.steps else f"steps {start_step + 1}-{args.steps}"
+        ran = f"{len(losses)}" + (f" ({span}, resumed)" if start_step else "")
+        rows = [("steps", ran), ("tokens per step", f"{args.batch * args.seq * dp}"),
+                ("mean step time (after the first)", f"{mean:.3f} s"),
                 ("throughput", f"{args.batch * args.seq * dp / mean:.0f} tok/s"),
                 ("loss first -> last", f"{losses[0]:.4f} -> {losses[-1]:.4f}"),
                 ("peak memory per rank", ", ".join(f"{m:.0f}" for m in memory.tolist()) + " MiB")]
