@@ -146,7 +146,7 @@ class MemoryModel:
         example = torch.zeros(batch, max(16, 4 * sp_size), dtype=torch.long, device="meta")
         start = time.perf_counter()
         with collectives.simulate(sp_size, rank or 0):
-            self.program = build_program(self.model, (example,), {"labels": example}, sp_size=sp_size,
+            self.program = build_program(self.model, (example,), self._kwargs(example), sp_size=sp_size,
                                          checkpointing=checkpointing)
         _use_flash_attention(self.program.graph_module)
         gm = self.program.graph_module
@@ -170,6 +170,14 @@ class MemoryModel:
         if fsdp > 1:
             self.program.unshard_order = fsdp_runtime.call_order(self.program.runner)
         self.compile_seconds = time.perf_counter() - start
+
+    def _kwargs(self, ids: torch.Tensor) -> dict:
+        """The step's keyword arguments: labels (and, for a Hugging Face model whose config
+        enables the key/value cache, ``use_cache=False``: training keeps no cache)."""
+        kwargs: dict = {"labels": ids}
+        if getattr(getattr(self.model, "config", None), "use_cache", None) is not None:
+            kwargs["use_cache"] = False
+        return kwargs
 
     def _state(self) -> tuple[int, int, int]:
         params = {p.untyped_storage()._cdata: p for p in self.model.parameters()}.values()
@@ -199,7 +207,7 @@ class MemoryModel:
         from autosp.runtime import collectives
         start = time.perf_counter()
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
-        leaves, _ = pytree.tree_flatten(((ids,), {"labels": ids}))
+        leaves, _ = pytree.tree_flatten(((ids,), self._kwargs(ids)))
         params = list(self.model.parameters())
         if self.fsdp > 1:
             params = self._shards  # the gradients are the local shards' (the whole ones: transient)

@@ -137,3 +137,17 @@ def test_estimate_rejects_bad_arguments():
         estimate_memory("70b", 1024)
     with pytest.raises(ValueError, match="checkpointing"):
         estimate_memory("tiny", 1024, checkpointing="some")
+
+
+def test_estimate_of_a_hugging_face_config_with_its_cache_on_and_fsdp():
+    """A config as ``save_pretrained`` writes it (``use_cache=True``) is estimated as
+    training calls it (no cache); with ``fsdp=2`` the model state per rank is half."""
+    transformers = __import__("pytest").importorskip("transformers")
+    from autosp.estimate import estimate_memory
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   use_cache=True)
+    est = estimate_memory(cfg, 256, sp_size=2, dtype=torch.float32, fsdp=2)
+    whole = est.param_bytes + est.grad_bytes + est.optimizer_bytes
+    assert est.state_bytes() == sum(n // 2 for n in (est.param_bytes, est.grad_bytes, est.optimizer_bytes))
+    assert est.state_bytes(zero_stage=0, state_shards=1) == whole and est.activation_peak_bytes > 0
