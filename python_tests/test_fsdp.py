@@ -12,7 +12,8 @@ reduce-scattered once, and no more than two groups are ever unsharded at once;
 the model still runs as plain FSDP2 afterwards (a plain forward leaves FSDP2's root
 unsharded: the compiled call then says to call ``model.reshard()``). Negative control: a gather whose backward
 skips the reduce-scatter (each rank keeps its own share) must fail the gradient check; a
-call without the prefetch must fail the order check (it is what the check sees).
+call without the prefetch must fail the order check (it is what the check sees); at world 4
+the sum over all ranks without the 1/dp scale must fail.
 """
 import copy
 
@@ -152,12 +153,19 @@ def _dp_body(rank, world, queue, seed):
     params = max(relative_error(p.full_tensor(), q.detach()) for p, q in zip(model.parameters(), reference.parameters()))
     program = sp.programs[0]
     counts = collectives_per_group(program.last_unsharder.log, program.unshard_order)
-    queue.put((rank, (found, params, tuple(sp.mesh.shape), counts, program.last_unsharder.max_unsharded)))
+    # Negative control: the reduce-scatter's sum over all 4 ranks, not scaled to the replicas' mean.
+    program.shard_scale = 1.0
+    sp(ids, labels=labels)["loss"].backward()
+    for batch_ids, batch_labels in batches:
+        (reference(batch_ids, labels=batch_labels)["loss"] / 2).backward()
+    control = max(relative_error(p.grad.full_tensor(), q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    queue.put((rank, (found, params, tuple(sp.mesh.shape), counts, program.last_unsharder.max_unsharded, control)))
 
 
 def test_fsdp2_over_data_parallel_replicas_of_sequence_parallel_groups(_fresh_seed):
     results = run_ranks(_dp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
-    for rank, (found, params, mesh, counts, unsharded) in results.items():
+    for rank, (found, params, mesh, counts, unsharded, control) in results.items():
+        assert control > 0.5, f"rank {rank}: gradients matched without the 1/dp scale ({control:.2e})"
         assert mesh == (2, 2)
         for step, (seq, loss, grad) in enumerate(found):
             # After an AdamW step, near-zero gradients' fp32 noise has moved parameters by up
