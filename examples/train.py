@@ -539,7 +539,7 @@ def plan_rows(est, world: int, fsdp: bool, budget_bytes: float) -> tuple[list[tu
 def dry_run(args, world: int) -> int:
     """--dry-run: compile on the meta device and print a rank's memory plan (no training,
     no real parameters: an 8B model is shapes only)."""
-    from autosp.estimate import MemoryModel
+    from autosp.estimate import MemoryModel, _meta_model
     sp = args.sp or world
     if world % sp:
         raise SystemExit(f"--sp {sp} must divide the number of ranks ({world})")
@@ -554,10 +554,14 @@ def dry_run(args, world: int) -> int:
         what, name = cfg, f"Llama-style '{args.size}' {cfg.layers} layers"
     print(f"dry run: compiling {name} on the meta device for SP {sp} ...", flush=True)
     t0 = time.perf_counter()
-    memory_model = MemoryModel(what, sp, dtype, args.checkpointing, batch=args.batch)
-    n_params = count_params(memory_model.model)
+    meta_model = _meta_model(what, dtype)
+    n_params = count_params(meta_model)
     budget = args.gpu_gib * GiB
     fsdp = args.fsdp if args.fsdp is not None else auto_fsdp(n_params, world, budget)
+    # With FSDP the plan is the step the runtime executes: FSDP2 over all ranks, one layer
+    # unsharded at a time (plus the prefetch), each layer's whole gradient until its reduce-scatter.
+    memory_model = MemoryModel(meta_model, sp, dtype, args.checkpointing, batch=args.batch,
+                               fsdp=world if fsdp and world > 1 else 1)
     est = memory_model.estimate(args.seq)
     rows, _ = plan_rows(est, world, fsdp, budget)
     params_text = f"{n_params / 1e9:.2f}B" if n_params >= 1e8 else f"{n_params / 1e6:.2f}M"
