@@ -53,7 +53,11 @@ def test_verify_run_of_a_hugging_face_directory_with_fsdp_on_a_text_file_matches
 
 
 def test_bad_sp_size():
-    bad = _torchrun("--steps", "1", "--sp", "3")
+    # What torchrun gives each of 2 ranks; the check runs before any process group exists
+    # (so every rank fails alike), and one process sees it as a torchrun rank would.
+    cmd = [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "1", "--sp", "3"]
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert bad.returncode != 0 and "--sp 3 must divide the number of ranks (2)" in bad.stderr + bad.stdout
 
 
