@@ -33,14 +33,46 @@ func.func @causal_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<
 // -----
 
 // A sliding window (k > q - 64 and k <= q) looks causal at every length up to 64, but is
-// not the causal mask: kept.
-// CHECK-LABEL: func.func @sliding_window_kept
-// CHECK: %[[M:.*]] = torch.aten.bitwise_and.Tensor
-// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
-func.func @sliding_window_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+// not the causal mask: it becomes is_causal with autosp.window = 64 (the backend's windowed
+// kernel), never plain is_causal.
+// CHECK-LABEL: func.func @sliding_window_folds_to_a_window
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %none_0, %{{[^,]*}}, %true, %none, %false {autosp.window = 64 : i64}
+// DCE-LABEL: func.func @sliding_window_folds_to_a_window
+// DCE-NOT: torch.aten.bitwise_and.Tensor
+func.func @sliding_window_folds_to_a_window(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
   %none = torch.constant.none
   %false = torch.constant.bool false
   %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %int64 = torch.constant.int 64
+  %low = torch.aten.sub.Scalar %rows, %int64, %int1 : !torch.vtensor<[?,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[?,1],si64>
+  %in_window = torch.aten.gt.Tensor %cols, %low : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %causal = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %in_window, %causal : !torch.vtensor<[?,?],i1>, !torch.vtensor<[?,?],i1> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
+// With dropout the windowed kernel does not apply: the mask stays.
+// CHECK-LABEL: func.func @sliding_window_with_dropout_kept
+// CHECK: %[[M:.*]] = torch.aten.bitwise_and.Tensor
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[M]], %{{[^,]*}}, %false,
+// CHECK-NOT: autosp.window
+// DCE-LABEL: func.func @sliding_window_with_dropout_kept
+func.func @sliding_window_with_dropout_kept(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 1.000000e-01
   %int0 = torch.constant.int 0
   %int1 = torch.constant.int 1
   %int2 = torch.constant.int 2
@@ -323,10 +355,10 @@ func.func @hf_llama_mask_folds(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.
 
 // -----
 
-// MistralForCausalLM with sliding_window=8: the same mask AND k > q - 8: kept.
-// CHECK-LABEL: func.func @hf_mistral_window_kept
-// CHECK: torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %{{[0-9]+}}, %{{[^,]*}}, %false,
-func.func @hf_mistral_window_kept(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[2,4,?,16],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
+// MistralForCausalLM with sliding_window=8: the same mask AND k > q - 8: a window of 8.
+// CHECK-LABEL: func.func @hf_mistral_window_folds
+// CHECK: torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, %none{{[_0-9]*}}, %{{[^,]*}}, %true, %{{[^,]*}}, %false {autosp.window = 8 : i64}
+func.func @hf_mistral_window_folds(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[2,4,?,16],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
   %sym = torch.symbolic_int "s22" {min_val = 2, max_val = 9223372036854775807} : !torch.int
   torch.bind_symbolic_shape %arg0, [%sym], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   torch.bind_symbolic_shape %arg1, [%sym], affine_map<()[s0] -> (2, 4, s0, 16)> : !torch.vtensor<[2,4,?,16],f32>

@@ -27,10 +27,12 @@ Anything else (an op it does not model, data read from an argument other than th
 ``torch.aten.size.int``, random ops, non-splat literals) makes the mask "not proven" and it
 stays, correct at its memory cost. The fold happens only when the formula simplifies to the
 single constraint ``i_q - i_k >= 0`` on the mask's last two dims (for an additive mask: 0
-exactly there, and elsewhere -inf or a value below half the dtype's lowest): a sliding window
-(``q - k < W``), a padding term or an offset (``k <= q + 1``) leaves a different formula and
-blocks it. Sampling the mask at a few lengths is not a proof: a window of 48 looks causal at
-every length up to 48.
+exactly there, and elsewhere -inf or a value below half the dtype's lowest), or to exactly
+that and ``i_k - i_q + W - 1 >= 0`` for a constant W: a causal sliding window, which becomes
+``is_causal`` plus ``autosp.window = W`` (without dropout; the backend's windowed kernel
+never builds S x S). A padding term or an offset (``k <= q + 1``) leaves a different
+formula and blocks it. Sampling the mask at a few lengths is not a proof: a window of 48
+looks causal at every length up to 48.
 
 The input/output example is on :class:`CausalMask`.
 """
@@ -45,7 +47,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, main_func, op_name
-from autosp.ir.ops import SDPA_OP
+from autosp.ir.ops import SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -777,10 +779,25 @@ def _normalise(x, type_):
 @dataclass(frozen=True)
 class MaskProof:
     """The verdict on one SDPA mask: ``causal`` when its formula is exactly ``k <= q``;
-    ``reason`` says why not (the op that left the model, or the formula found)."""
+    ``window`` = W when it is exactly ``q - W < k <= q`` (a causal sliding window);
+    ``reason`` says why neither (the op that left the model, or the formula found)."""
 
     causal: bool
     reason: str
+    window: int | None = None
+
+
+def _window_of(allowed, q: int, k: int) -> int | None:
+    """W when ``allowed`` is exactly ``and(q - k >= 0, k - q + W - 1 >= 0)`` with W >= 1."""
+    if allowed[0] != "and" or len(allowed[1]) != 2:
+        return None
+    causal = ("ge", Lin.of({q: 1, k: -1}))
+    if causal not in allowed[1]:
+        return None
+    other = next(f for f in allowed[1] if f != causal)
+    if other[0] != "ge" or other[1].coeffs() != {q: -1, k: 1} or other[1].const < 0:
+        return None
+    return other[1].const + 1
 
 
 def prove_causal(sdpa) -> MaskProof:
@@ -821,6 +838,9 @@ def prove_causal(sdpa) -> MaskProof:
         allowed = f_or(*[f for f, c in value.pieces if c == 0.0])
     if allowed == causal:
         return MaskProof(True, "k <= q")
+    window = _window_of(allowed, q, k)
+    if window is not None:
+        return MaskProof(False, f"q - {window} < k <= q", window=window)
     return MaskProof(False, f"formula is not k <= q: {format_formula(allowed)}")
 
 
@@ -848,7 +868,10 @@ def _is_constant(value: ir.Value, name: str, expected=None) -> bool:
 
 
 def fold_causal_masks(module) -> int:
-    """Replace SDPA masks proven to be exactly ``k <= q`` by ``is_causal``; return how many.
+    """Replace SDPA masks proven to be exactly ``k <= q`` by ``is_causal``, and those proven
+    to be exactly a causal sliding window ``q - W < k <= q`` by ``is_causal`` plus
+    ``autosp.window = W`` (the backend runs windowed attention without an S x S mask;
+    only without dropout); return how many.
 
     Masks not proven stay (logged at INFO with the reason: they cost O(S^2) memory per layer).
     """
@@ -859,7 +882,9 @@ def fold_causal_masks(module) -> int:
         if _is_constant(mask, "torch.constant.none") or not _is_constant(op.operands[5], "torch.constant.bool", False):
             continue
         proof = prove_causal(op)
-        if not proof.causal:
+        if proof.window is not None and not _is_zero_float(op.operands[4]):
+            proof = MaskProof(False, f"a sliding window ({proof.reason}) with dropout")
+        if not proof.causal and proof.window is None:
             _log.info("SDPA mask %s kept (an S x S mask per layer, saved for backward): %s",
                       mask.get_name(), proof.reason)
             continue
@@ -869,17 +894,27 @@ def fold_causal_masks(module) -> int:
                                        attributes={"value": ir.BoolAttr.get(True)}).result
         op.operands[3] = none
         op.operands[5] = true
+        if proof.window is not None:
+            op.attributes[WINDOW_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), proof.window)
         folded += 1
     return folded
 
 
+def _is_zero_float(value: ir.Value) -> bool:
+    owner = value.owner
+    if isinstance(owner, ir.Block) or op_name(owner) != "torch.constant.float":
+        return False
+    return ir.FloatAttr(owner.attributes["value"]).value == 0.0
+
+
 @dataclass(frozen=True)
 class CausalMask(ModulePass):
-    """Replace an SDPA mask proven from the IR to be exactly k <= q by is_causal.
+    """Replace an SDPA mask proven from the IR to be exactly k <= q by is_causal, and one
+    proven to be exactly q - W < k <= q by is_causal + ``autosp.window = W``.
 
     The mask's computation is read as a formula over query and key positions (module
-    docstring: what is modelled); a sliding window, an offset, padding or input data keeps
-    the mask. The dead mask computation is left to ``autosp-dce``.
+    docstring: what is modelled); an offset, padding, input data, or a window with dropout
+    keeps the mask. The dead mask computation is left to ``autosp-dce``.
 
     Input::
 

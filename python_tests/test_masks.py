@@ -1,11 +1,15 @@
-"""Attention masks through the compiler: folded into ``is_causal`` only when proven causal.
+"""Attention masks through the compiler: folded into ``is_causal`` only when proven causal,
+into a sliding window only when proven one.
 
 ``autosp-causal-mask`` used to evaluate a size-only mask at lengths 1-33 and fold it when it
 looked causal there; a sliding window wider than 33 looks causal at all those lengths, and
 Mistral then trained silently wrong. These tests run Hugging Face models on gloo ranks
-against single-device eager (loss, gathered logits, every gradient): a sliding window wider
-than every length the sampler tried must stay a mask, Llama's mask must still fold (its
-memory benefit), and forcing the fold on the window model must break parity.
+against single-device eager (loss, gathered logits, every gradient): Mistral's sliding
+window (wider than every length the sampler tried, narrower than S) becomes
+``is_causal`` + ``autosp.window`` and runs the windowed kernel without an S x S mask (the
+bytes kept for backward grow linearly: at 2S at most 2.3x those at S), Llama's mask must
+still fold (its memory benefit), and forcing a plain causal fold on the window model must
+break parity.
 """
 import copy
 
@@ -36,16 +40,18 @@ def _sdpa_masks(mlir: str) -> dict:
     from autosp.ir.core import body_ops, main_func, make_context, op_name, parse_module
     from autosp.ir.ops import SDPA_OP
     module = parse_module(mlir, "transformed.mlir", make_context())
-    counts = {"masked": 0, "is_causal": 0}
+    counts = {"masked": 0, "is_causal": 0, "window": []}
     for op in body_ops(main_func(module)):
         if op_name(op) == SDPA_OP:
             mask, causal = op.operands[3].owner, op.operands[5].owner
             counts["masked"] += op_name(mask) != "torch.constant.none"
             counts["is_causal"] += op_name(causal) == "torch.constant.bool" and "true" in str(causal)
+            if "autosp.window" in op.attributes:
+                counts["window"].append(op.attributes["autosp.window"].value)
     return counts
 
 
-def _body(rank, world, queue, family, window, seq, seed, force_fold):
+def _body(rank, world, queue, family, window, seq, seed, force_fold, memory=False):
     import autosp
     from autosp.passes import causal_mask
     from autosp.testing.parity import parity
@@ -60,6 +66,15 @@ def _body(rank, world, queue, family, window, seq, seed, force_fold):
     result = {"outputs": report.outputs, "grads": report.max_grad_error}
     if rank == 0:
         result.update(_sdpa_masks(compiled.programs[0].mlir["transformed"]))
+    if memory:  # bytes kept for backward at S and 2S (the compiled program serves any S)
+        from autosp.memory import SavedTensors
+        saved = []
+        for n in (8 * window, 16 * window):
+            long_ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+            with SavedTensors(list(model.parameters())) as counter:
+                compiled(input_ids=long_ids, labels=long_ids, use_cache=False)
+            saved.append(counter.bytes)
+        result["saved"] = saved
     queue.put((rank, result))
 
 
@@ -70,10 +85,16 @@ def _check_parity(results):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_sliding_window_mask_is_kept_and_matches_single_device(world, _fresh_seed):
-    results = run_ranks(_body, world, args=("Mistral", WINDOW, SEQ, _fresh_seed % 10000, False), timeout=300)
+def test_sliding_window_becomes_a_window_and_matches_single_device(world, _fresh_seed):
+    results = run_ranks(_body, world, args=("Mistral", WINDOW, SEQ, _fresh_seed % 10000, False, world == 2),
+                        timeout=300)
     _check_parity(results)
-    assert results[0]["masked"] == 2 and results[0]["is_causal"] == 0, results[0]
+    r = results[0]
+    assert r["masked"] == 0 and r["is_causal"] == 2 and r["window"] == [WINDOW, WINDOW], r
+    if world == 2:
+        for rank, res in results.items():
+            small, large = res["saved"]
+            assert large <= 2.3 * small, f"rank {rank}: saved {small} B at S={8 * WINDOW}, {large} B at twice that"
 
 
 def test_llama_causal_mask_is_still_folded(_fresh_seed):

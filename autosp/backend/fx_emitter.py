@@ -4,7 +4,9 @@ Every ``torch.aten.X.ovl`` op becomes a call of ``torch.ops.aten.X.ovl`` (``defa
 when there is no overload), so the emitted graph runs on PyTorch's own kernels and
 autograd differentiates it. Constants and lists become Python values; integers that
 encode dtypes, layouts or memory formats are converted using the overload's schema;
-``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`.
+``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`; an SDPA marked with
+``autosp.window`` (a proven sliding window) calls
+:func:`autosp.runtime.attention.sliding_window_attention`.
 
 Example::
 
@@ -25,7 +27,8 @@ from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_IN
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.runtime import collectives
+from autosp.ir.ops import SDPA_OP, WINDOW_ATTR
+from autosp.runtime import attention, collectives
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
 _INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
@@ -211,6 +214,9 @@ class _Emitter:
             raise DiagnosticError.at(op, f"has no PyTorch operator torch.ops.{'.'.join(parts[1:])} "
                                          f"(torch {torch.__version__})")
         args, kwargs = _place_arguments(op, target, operands)
+        if name == SDPA_OP and WINDOW_ATTR in op.attributes:  # a proven causal sliding window
+            target = attention.sliding_window_attention
+            kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
         node = self.graph.call_function(target, tuple(args), kwargs)
         self._bind_results(op, node)
 
