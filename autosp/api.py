@@ -16,8 +16,10 @@ from __future__ import annotations
 import io
 import itertools
 import pickle  # programs travel between the ranks of one group
+import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,7 +31,7 @@ from torch_mlir import ir
 from autosp.backend.fx_emitter import emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
-from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input
+from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
 from autosp.ir.core import body_ops, funcs, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
@@ -198,6 +200,52 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
                             group_name=group_name)
     return emit_program(model, transformed, verbose=verbose, backend=backend, checkpointing=checkpointing,
                         grad_bucket_bytes=grad_bucket_bytes)
+
+
+_MLIR_BYTES = {"i1": 1, "si8": 1, "ui8": 1, "f16": 2, "bf16": 2, "si16": 2, "f32": 4, "si32": 4, "f64": 8, "si64": 8}
+
+
+def kept_masks(module, seq_len: int) -> list[str]:
+    """One line per attention mask the compiler kept materialised (``autosp.mask_kept``):
+    the op, where the model computes it, how many attention ops read it, why it was not
+    recognised, and its bytes per rank at ``seq_len`` (every dynamic dim is the sequence;
+    the mask is whole on every rank and kept for backward)."""
+    from autosp.ir.builders import vtensor_shape
+    from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP
+    found: dict = {}
+    for func in funcs(module):
+        for op in body_ops(func):
+            if op_name(op) == SDPA_OP and KEPT_MASK_ATTR in op.attributes:
+                found.setdefault(op.operands[3], []).append(op)
+    names = [f"{a.kind} {a.name}" for a in read_arguments(module)]
+    lines = []
+    for mask, ops in found.items():
+        shape = vtensor_shape(mask.type)
+        dims, dtype = shape if shape is not None else ([], "f32")
+        def nbytes(n: int, dims=dims, dtype=dtype) -> int:
+            total = _MLIR_BYTES.get(dtype, 4)
+            for d in dims:
+                total *= n if d is None else d
+            return total
+        files = re.findall(r'"([^"]+)":(\d+)', str(ops[0].location))
+        where = f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
+        reason = re.sub(r"block argument %arg(\d+)", lambda m: names[int(m.group(1))]
+                        if int(m.group(1)) < len(names) else m.group(0),
+                        ir.StringAttr(ops[0].attributes[KEPT_MASK_ATTR]).value)
+        long = 131072
+        lines.append(f"autosp: torch.aten.scaled_dot_product_attention{where} ({len(ops)} op(s)) keeps its "
+                     f"[{', '.join('S' if d is None else str(d) for d in dims)}] {dtype} attention mask "
+                     f"materialised: {_human(nbytes(seq_len))} per rank at S={seq_len}, kept for backward "
+                     f"({_human(nbytes(long))} at S={long}); not recognised as causal or a sliding window: {reason}")
+    return lines
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _transform_once_per_group(run, group) -> Transformed:
@@ -374,6 +422,11 @@ class AutospModule(torch.nn.Module):
             transformed = _transform_once_per_group(run, group)
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
                                checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
+        seq = next((x.shape[self.seq_dim] for x in pytree.tree_leaves((args, kwargs))
+                    if isinstance(x, torch.Tensor) and x.dim() > self.seq_dim), None)
+        if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+            for line in kept_masks(transformed.module, seq):
+                warnings.warn(line, stacklevel=4)
         program.shard_scale = self.shard_scale
         program.sharded_names = self.sharded_names
         return program

@@ -47,7 +47,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, main_func, op_name
-from autosp.ir.ops import SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -873,7 +873,8 @@ def fold_causal_masks(module) -> int:
     ``autosp.window = W`` (the backend runs windowed attention without an S x S mask;
     only without dropout); return how many.
 
-    Masks not proven stay (logged at INFO with the reason: they cost O(S^2) memory per layer).
+    Masks not proven stay, marked ``autosp.mask_kept = "<reason>"`` (they cost O(S^2)
+    memory; :func:`autosp.api.warn_kept_masks` tells the user at compile time).
     """
     func = main_func(module)
     folded = 0
@@ -887,6 +888,7 @@ def fold_causal_masks(module) -> int:
         if not proof.causal and proof.window is None:
             _log.info("SDPA mask %s kept (an S x S mask per layer, saved for backward): %s",
                       mask.get_name(), proof.reason)
+            op.attributes[KEPT_MASK_ATTR] = ir.StringAttr.get(proof.reason)  # the compile warns with its cost
             continue
         with ir.InsertionPoint(op), op.location:
             none = b.constant_none()

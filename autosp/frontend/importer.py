@@ -204,7 +204,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     timings["import_s"] = time.perf_counter() - start
 
     arg_infos = [ArgInfo(k, n) for n, k in zip(names, kinds)]
-    arg_infos += [ArgInfo("input", p, d) for p, d in zip(paths, input_seq_dims)]
+    # One record per tensor input (a non-tensor leaf, e.g. use_cache=False, is no argument).
+    arg_infos += [ArgInfo("input", paths[i], d) for i, d in zip(tensor_leaves, input_seq_dims)]
     _annotate_arguments(module, arg_infos)
     return ImportedModel(module=module, args=arg_infos, in_spec=in_spec, leaves=leaves,
                          tensor_leaves=tensor_leaves, out_spec=program.call_spec.out_spec,

@@ -16,6 +16,8 @@ from __future__ import annotations
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
 # On an SDPA with is_causal: keys restricted to the last W positions (q - W < k <= q).
 WINDOW_ATTR = "autosp.window"
+# On an SDPA whose mask autosp-causal-mask could not recognise: the reason (the mask stays).
+KEPT_MASK_ATTR = "autosp.mask_kept"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
