@@ -47,7 +47,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, main_func, op_name
-from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ def f_subst(f, mapping: dict):
         return f
     if f[0] in ("ge", "eq"):
         return _atom(f[0], f[1].subst(mapping))
+    if f[0] == "data":
+        return ("data", f[1], tuple(lin.subst(mapping) for lin in f[2]))
     if f[0] == "not":
         return f_not(f_subst(f[1], mapping))
     return _join(f[0], [f_subst(g, mapping) for g in f[1]])
@@ -264,6 +266,18 @@ class _MaskInterpreter:
     def __init__(self):
         self.memo: dict = {}
         self.shapes: dict = {}
+        self.data: dict = {}  # "%9" -> the boolean tensor a ("data", "%9", idx) atom reads
+
+    def _data_source(self, v: ir.Value, why: NotProven):
+        """A boolean tensor the domain cannot compute (it reads input data), indexed: its
+        element at ``idx`` is the atom ``("data", name, idx)`` (e.g. a key padding mask)."""
+        kind = _kind(v.type)
+        if kind is None or kind[0] != "bool":
+            raise why
+        name = v.get_name()
+        self.data[name] = v
+        rank = len(kind[1])
+        return BoolTensor(rank, ("data", name, tuple(Lin.var(d) for d in range(rank))))
 
     def value(self, v: ir.Value):
         if v not in self.memo:
@@ -650,8 +664,12 @@ class _MaskInterpreter:
         return IntTensor(rank, line)
 
     def _index(self, ops, rank: int):
-        """``src[idx_0, ..., idx_{m-1}]`` with tensor indices (advanced indexing)."""
-        src = self.value(ops[0])
+        """``src[idx_0, ..., idx_{m-1}]`` with tensor indices (advanced indexing). A boolean
+        ``src`` the domain cannot compute stays opaque: its elements become data atoms."""
+        try:
+            src = self.value(ops[0])
+        except NotProven as e:
+            src = self._data_source(ops[0], e)
         if not isinstance(src, (IntTensor, BoolTensor)):
             raise NotProven("index of an unknown tensor")
         idx_values = self._list(ops[1])
@@ -785,6 +803,7 @@ class MaskProof:
     causal: bool
     reason: str
     window: int | None = None
+    key_padding: object = None  # a [B, S] boolean ir.Value: key j of batch b is visible iff it is true
 
 
 def _window_of(allowed, q: int, k: int) -> int | None:
@@ -838,7 +857,23 @@ def prove_causal(sdpa) -> MaskProof:
         allowed = f_or(*[f for f, c in value.pieces if c == 0.0])
     if allowed == causal:
         return MaskProof(True, "k <= q")
+    # Key padding: a conjunct pad[b, k] with pad a [B, S] boolean tensor read at the mask's
+    # batch index and key index (transformers' padding_mask_function).
+    padding = None
+    if allowed[0] == "and" and value.rank == 4:
+        key_pad = [f for f in allowed[1] if f[0] == "data" and f[2] == (Lin.var(0), Lin.var(k))
+                   and len((_kind(interpreter.data[f[1]].type) or ("", []))[1]) == 2]
+        if len(key_pad) == 1:
+            padding = interpreter.data[key_pad[0][1]]
+            rest = [f for f in allowed[1] if f != key_pad[0]]
+            allowed = rest[0] if len(rest) == 1 else ("and", tuple(rest))
+    structure = "k <= q" if allowed == causal else None
     window = _window_of(allowed, q, k)
+    if window is not None:
+        structure = f"q - {window} < k <= q"
+    if structure is not None and padding is not None:
+        return MaskProof(False, f"{structure} and key padding {padding.get_name()}[b, k]", window=window,
+                         key_padding=padding)
     if window is not None:
         return MaskProof(False, f"q - {window} < k <= q", window=window)
     return MaskProof(False, f"formula is not k <= q: {format_formula(allowed)}")
@@ -855,6 +890,8 @@ def format_formula(f) -> str:
         if lin.const:
             text += f" {'+' if lin.const > 0 else '-'} {abs(lin.const)}"
         return f"{text} {'>=' if f[0] == 'ge' else '=='} 0"
+    if f[0] == "data":
+        return f"{f[1]}[{', '.join(format_formula(('eq', lin))[:-5] or '0' for lin in f[2])}]"
     if f[0] == "not":
         return f"not({format_formula(f[1])})"
     return f"{f[0]}({', '.join(format_formula(g) for g in f[1])})"
@@ -883,9 +920,10 @@ def fold_causal_masks(module) -> int:
         if _is_constant(mask, "torch.constant.none") or not _is_constant(op.operands[5], "torch.constant.bool", False):
             continue
         proof = prove_causal(op)
-        if proof.window is not None and not _is_zero_float(op.operands[4]):
-            proof = MaskProof(False, f"a sliding window ({proof.reason}) with dropout")
-        if not proof.causal and proof.window is None:
+        structured = proof.window is not None or proof.key_padding is not None
+        if structured and not _is_zero_float(op.operands[4]):
+            proof = MaskProof(False, f"{proof.reason}, with dropout")
+        if not proof.causal and proof.window is None and proof.key_padding is None:
             _log.info("SDPA mask %s kept (an S x S mask per layer, saved for backward): %s",
                       mask.get_name(), proof.reason)
             op.attributes[KEPT_MASK_ATTR] = ir.StringAttr.get(proof.reason)  # the compile warns with its cost
@@ -894,12 +932,28 @@ def fold_causal_masks(module) -> int:
             none = b.constant_none()
             true = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
                                        attributes={"value": ir.BoolAttr.get(True)}).result
-        op.operands[3] = none
+        op.operands[3] = none if proof.key_padding is None else _key_mask(op, proof.key_padding)
         op.operands[5] = true
+        if proof.key_padding is not None:
+            op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
         if proof.window is not None:
             op.attributes[WINDOW_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), proof.window)
         folded += 1
     return folded
+
+
+def _key_mask(op, padding: ir.Value) -> ir.Value:
+    """``padding`` ([B, S] boolean) as a [B, 1, 1, S] mask, built just before ``op``."""
+    shape = b.vtensor_shape(padding.type)
+    assert shape is not None  # the proof read it as a boolean vtensor
+    dims, dtype = shape
+    x = padding
+    with ir.InsertionPoint(op), op.location:
+        for d in (1, 2):
+            dims = dims[:d] + [1] + dims[d:]
+            x = ir.Operation.create("torch.aten.unsqueeze", results=[b.vtensor_type(dims, dtype)],
+                                    operands=[x, b.constant_int(d)]).result
+    return x
 
 
 def _is_zero_float(value: ir.Value) -> bool:

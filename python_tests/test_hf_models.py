@@ -47,8 +47,14 @@ def _batch(seq, extra, gen):
     return ids, kwargs
 
 
-def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
+def _body(rank, world, queue, kind, attn, seq, extra, seed, steps, memory=False, ignore_padding=False):
     import autosp
+    if ignore_padding:  # negative control: the structured kernel drops the key padding
+        from autosp.runtime import attention
+        attention.key_padded_causal_attention = (
+            lambda q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=False:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                             enable_gqa=enable_gqa))
     from autosp.testing.parity import parity, relative_error
     torch.manual_seed(seed)
     model = _model(kind, attn)
@@ -58,9 +64,19 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
     with warnings.catch_warnings(record=True) as caught:  # the first call compiles
         warnings.simplefilter("always")
         report = parity(reference, compiled, input_ids=ids, **kwargs)
+    transformed = compiled.programs[0].mlir["transformed"]
     result = {"outputs": report.max_output_error, "grads": report.max_grad_error,
-              "a2a": compiled.programs[0].mlir["transformed"].count('"autosp.all_to_all"'),
+              "a2a": transformed.count('"autosp.all_to_all"'), "key_padding": transformed.count("autosp.key_padding"),
               "mask_warnings": [str(w.message) for w in caught if str(w.message).startswith("autosp:")]}
+    if memory:  # bytes kept for backward at S and 2S, same call convention (the program serves any S)
+        from autosp.memory import SavedTensors
+        saved = []
+        for n in (128, 256):
+            long_ids, long_kwargs = _batch(n, extra, torch.Generator().manual_seed(seed))
+            with SavedTensors(list(model.parameters())) as counter:
+                compiled(input_ids=long_ids, **long_kwargs)
+            saved.append(counter.bytes)
+        result["saved"] = saved
     if steps:
         opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3)
         opt = torch.optim.AdamW(compiled.parameters(), lr=1e-3)
@@ -84,7 +100,7 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
 
 CASES = [
     ("llama", "sdpa", 2, 16, ""), ("llama", "eager", 2, 15, ""), ("llama", "sdpa", 2, 16, "position_ids"),
-    ("llama", "sdpa", 2, 15, "mask"), ("llama", "sdpa", 2, 16, "mask,right_pad"),
+    ("llama", "sdpa", 2, 15, "mask"), ("llama", "sdpa", 2, 16, "mask,right_pad"), ("llama", "sdpa", 4, 33, "mask,left_pad"),
     ("llama", "eager", 2, 16, "mask,left_pad"), ("gpt2", "eager", 2, 16, ""), ("gpt2", "sdpa", 2, 15, "mask"),
     ("llama", "sdpa", 4, 33, ""),
 ]
@@ -93,22 +109,36 @@ CASES = [
 @pytest.mark.parametrize("kind, attn, world, seq, extra", CASES,
                          ids=[f"{k}-{a}-P{w}-S{s}-{e or 'plain'}" for k, a, w, s, e in CASES])
 def test_hf_model_matches_single_device(kind, attn, world, seq, extra, _fresh_seed):
-    results = run_ranks(_body, world, args=(kind, attn, seq, extra, _fresh_seed % 10000, 0), timeout=300)
+    memory = (kind, attn, extra) == ("llama", "sdpa", "mask,right_pad")
+    results = run_ranks(_body, world, args=(kind, attn, seq, extra, _fresh_seed % 10000, 0, memory), timeout=300)
     for rank, r in results.items():
         assert r["outputs"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"
         assert r["a2a"] == 8, "4 all-to-alls per layer, 2 layers"
-    # An SDPA mask that reads input data stays materialised, and rank 0 says so once, naming
-    # the op, why (the input it reads, or the op the proof stopped at) and the bytes at this
-    # S; a mask proven causal says nothing. (Manual attention's masks are not examined.)
+    # An SDPA padding mask (causal and attention_mask[b, k]) is proven and runs without
+    # S x S. A mask the compiler keeps (packed-sequence detection from position_ids) is
+    # materialised, and rank 0 says so once, naming the op, the input it reads and the
+    # bytes at this S; a mask proven causal says nothing. (Manual attention's masks are
+    # not examined.)
     warned = results[0]["mask_warnings"]
-    reads = "attention_mask" if "mask" in extra else "position_ids" if "position_ids" in extra else None
-    if reads is None or attn != "sdpa":
-        assert warned == [], warned
-    else:
+    if "mask" in extra and attn == "sdpa":
+        assert results[0]["key_padding"] == 2 and warned == [], results[0]
+    elif "position_ids" in extra:
         assert len(warned) == 1 and "scaled_dot_product_attention" in warned[0], warned
-        assert f"kwargs['{reads}']" in warned[0] or "is not modelled" in warned[0], warned
-        assert f"per rank at S={seq}" in warned[0], warned
+        assert "kwargs['position_ids']" in warned[0] and f"per rank at S={seq}" in warned[0], warned
         assert all(r["mask_warnings"] == [] for rank, r in results.items() if rank), "rank 0 only"
+    else:
+        assert warned == [], warned
+    if memory:  # linear in S: at most 2.3x the bytes kept for backward at twice the length
+        for rank, r in results.items():
+            small, large = r["saved"]
+            assert large <= 2.3 * small, f"rank {rank}: saved {small} B at S=128, {large} B at S=256"
+
+
+def test_dropping_the_key_padding_breaks_parity(_fresh_seed):
+    """Negative control: the structured kernel without the padding must fail."""
+    results = run_ranks(_body, 2, args=("llama", "sdpa", 16, "mask,right_pad", _fresh_seed % 10000, 0, False, True),
+                        timeout=300, fresh=True)
+    assert all(r["outputs"] > 100 * TOL for r in results.values()), results
 
 
 @pytest.mark.parametrize("repeat", range(3))

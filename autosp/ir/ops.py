@@ -18,6 +18,9 @@ SDPA_OP = "torch.aten.scaled_dot_product_attention"
 WINDOW_ATTR = "autosp.window"
 # On an SDPA whose mask autosp-causal-mask could not recognise: the reason (the mask stays).
 KEPT_MASK_ATTR = "autosp.mask_kept"
+# On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] key padding mask, and-ed with
+# the causal (or windowed) structure.
+KEY_PADDING_ATTR = "autosp.key_padding"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
