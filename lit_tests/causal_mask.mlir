@@ -559,6 +559,39 @@ func.func @causal_and_key_padding(%arg0: !torch.vtensor<[2,2,?,8],f32>, %arg1: !
 
 // -----
 
+// Batch 1: broadcasting reads pad[0, k], still the key padding of the only row.
+// CHECK-LABEL: func.func @causal_and_key_padding_batch_1
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[0-9]+}}, %{{[^,]*}}, %true, %none, %false {autosp.key_padding}
+func.func @causal_and_key_padding_batch_1(%arg0: !torch.vtensor<[1,2,?,8],f32>, %arg1: !torch.vtensor<[1,?],i1>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %b = torch.aten.arange.start_step %int0, %int1, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[1],si64>
+  %b1 = torch.aten.unsqueeze %b, %int1 : !torch.vtensor<[1],si64>, !torch.int -> !torch.vtensor<[1,1],si64>
+  %b2 = torch.aten.unsqueeze %b1, %int2 : !torch.vtensor<[1,1],si64>, !torch.int -> !torch.vtensor<[1,1,1],si64>
+  %b3 = torch.aten.unsqueeze %b2, %int3 : !torch.vtensor<[1,1,1],si64>, !torch.int -> !torch.vtensor<[1,1,1,1],si64>
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %rows = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %cols = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %causal = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %list = torch.prim.ListConstruct %b3, %cols : (!torch.vtensor<[1,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %kp = torch.aten.index.Tensor_hacked_twin %arg1, %list : !torch.vtensor<[1,?],i1>, !torch.list<vtensor> -> !torch.vtensor<[1,1,1,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %causal, %kp : !torch.vtensor<[1,1,?,?],i1>, !torch.vtensor<[1,1,1,?],i1> -> !torch.vtensor<[1,1,?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}
+
+// -----
+
 // The same with the padding read at the query index (pad[b, q]): not key padding, kept.
 // CHECK-LABEL: func.func @query_padding_kept
 // CHECK: %[[M:.*]] = torch.aten.bitwise_and.Tensor

@@ -861,7 +861,10 @@ def prove_causal(sdpa) -> MaskProof:
     # batch index and key index (transformers' padding_mask_function).
     padding = None
     if allowed[0] == "and" and value.rank == 4:
-        key_pad = [f for f in allowed[1] if f[0] == "data" and f[2] == (Lin.var(0), Lin.var(k))
+        def batch_1(name: str) -> bool:  # both the mask and pad have one row: pad[0, k] is pad[b, k]
+            return (_kind(interpreter.data[name].type) or ("", [None]))[1][0] == 1 == (_kind(mask.type) or ("", [None]))[1][0]
+        key_pad = [f for f in allowed[1] if f[0] == "data" and len(f[2]) == 2 and f[2][1] == Lin.var(k)
+                   and (f[2][0] == Lin.var(0) or (f[2][0] == Lin((), 0) and batch_1(f[1])))
                    and len((_kind(interpreter.data[f[1]].type) or ("", []))[1]) == 2]
         if len(key_pad) == 1:
             padding = interpreter.data[key_pad[0][1]]
