@@ -261,6 +261,10 @@ class _Pool:
                         raise RuntimeError(f"rank {rank} exited without a result "
                                            f"(exit code {self.procs[rank].exitcode})") from None
                     if msg == "error":
+                        dead = self._died_silently(rank, pending)
+                        if dead is not None:  # the cause: the others' errors follow from it
+                            raise RuntimeError(f"rank {dead} died (exit code {self.procs[dead].exitcode}); "
+                                               f"then {value}")
                         raise RuntimeError(value)
                     if msg == "put":
                         r, item = value
@@ -273,6 +277,19 @@ class _Pool:
                 elif by_sentinel[obj] in pending and not self.conns[by_sentinel[obj]].poll():
                     rank = by_sentinel[obj]
                     raise RuntimeError(f"rank {rank} died (exit code {self.procs[rank].exitcode})")
+
+    def _died_silently(self, failed: int, pending: set, grace: float = 1.0) -> int | None:
+        """A rank other than ``failed`` that exited without a message (within ``grace``
+        seconds): when one rank dies, the others' collectives fail with connection errors
+        that say nothing about why, and may arrive first."""
+        end = time.monotonic() + grace
+        while True:
+            for r in sorted(pending - {failed}):
+                if not self.procs[r].is_alive() and not self.conns[r].poll():
+                    return r
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
