@@ -148,6 +148,10 @@ def test_three_adamw_steps_match_single_device_training(repeat, _fresh_seed):
         assert r["params"] <= 1e-4, f"rank {rank}: parameters after 3 AdamW steps differ by {r['params']:.2e}"
 
 
+# Trainer-style calls for two families: position_ids with a padding attention_mask.
+FAMILY_CALLS = {"Mistral": "mask,right_pad,position_ids", "Qwen2": "mask,left_pad,position_ids"}
+
+
 def _family_body(rank, world, queue, family, seed):
     import autosp
     from autosp.testing.parity import parity
@@ -158,11 +162,14 @@ def _family_body(rank, world, queue, family, seed):
     model = getattr(transformers, family + "ForCausalLM")(config)
     reference = copy.deepcopy(model)
     compiled = autosp.compile(model, gather_outputs=True)
-    ids, kwargs = _batch(15, "", torch.Generator().manual_seed(seed))
-    queue.put((rank, parity(reference, compiled, input_ids=ids, **kwargs).max_error))
+    ids, kwargs = _batch(15, FAMILY_CALLS.get(family, ""), torch.Generator().manual_seed(seed))
+    error = parity(reference, compiled, input_ids=ids, **kwargs).max_error
+    queue.put((rank, (error, compiled.programs[0].mlir["transformed"].count("autosp.key_padding"))))
 
 
 @pytest.mark.parametrize("family", ["Mistral", "Qwen2", "Qwen3", "Gemma"])
 def test_other_decoder_families_follow_the_same_conventions(family, _fresh_seed):
     results = run_ranks(_family_body, 2, args=(family, _fresh_seed % 10000), timeout=300)
-    assert max(results.values()) <= TOL, results
+    assert max(error for error, _ in results.values()) <= TOL, results
+    if family in FAMILY_CALLS:  # the padding mask is recognised: causal + key padding, no S x S
+        assert results[0][1] == 2, results
