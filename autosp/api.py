@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch_mlir import ir
 
-from autosp.backend.fx_emitter import emit_graph_module
+from autosp.backend.fx_emitter import _MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
@@ -202,9 +202,6 @@ def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim
                         grad_bucket_bytes=grad_bucket_bytes)
 
 
-_MLIR_BYTES = {"i1": 1, "si8": 1, "ui8": 1, "f16": 2, "bf16": 2, "si16": 2, "f32": 4, "si32": 4, "f64": 8, "si64": 8}
-
-
 def kept_masks(module, seq_len: int) -> list[str]:
     """One line per attention mask the compiler kept materialised (``autosp.mask_kept``):
     the op, where the model computes it, how many attention ops read it, why it was not
@@ -223,7 +220,7 @@ def kept_masks(module, seq_len: int) -> list[str]:
         shape = vtensor_shape(mask.type)
         dims, dtype = shape if shape is not None else ([], "f32")
         def nbytes(n: int, dims=dims, dtype=dtype) -> int:
-            total = _MLIR_BYTES.get(dtype, 4)
+            total = _MLIR_TO_TORCH_DTYPE.get(dtype, torch.float32).itemsize
             for d in dims:
                 total *= n if d is None else d
             return total

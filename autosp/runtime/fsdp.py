@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import weakref
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.fx
+
+from autosp.runtime.grad_sync import insert_before_first_use
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -312,10 +313,9 @@ class Unsharder:
             if work is not None:
                 work.wait()
         lay, shards = self.layouts[k], self.locals[k]
-        if all(g is None for g in grads):
-            return [None] * len(grads)
-        like = next(g for g in grads if g is not None)
-        send = like.new_zeros((self.n, lay.total))
+        # Every rank joins (another rank may have gradients where this one has none), and
+        # every shard gets its reduced rows: zeros here, the others' sum there.
+        send = torch.zeros((self.n, lay.total), dtype=lay.dtype, device=shards[0].device)
         for g, off, per, size, rows in zip(grads, lay.offsets, lay.per, lay.sizes, lay.rows):
             if g is None:
                 continue
@@ -325,13 +325,13 @@ class Unsharder:
             if whole < self.n and rows > whole * per:
                 rem = flat[whole * size:]
                 send[whole, off:off + rem.numel()].copy_(rem)
-        mine = like.new_empty(lay.total)
+        mine = send.new_empty(lay.total)
         self._reduce_scatter(mine, send.view(-1))
         self.log.append(("reduce_scatter", "backward", k))
         if self.scale != 1.0:
             mine.mul_(self.scale)
-        return [None if g is None else mine[off:off + size].view(per, *rest)[: t.shape[0]]
-                for g, t, off, per, size, rest in zip(grads, shards, lay.offsets, lay.per, lay.sizes, lay.rest)]
+        return [mine[off:off + size].view(per, *rest)[: t.shape[0]]
+                for t, off, per, size, rest in zip(shards, lay.offsets, lay.per, lay.sizes, lay.rest)]
 
     def _all_gather(self, out: torch.Tensor, send: torch.Tensor):
         return dist.all_gather_single(out, send, group=self.group, async_op=True)
@@ -434,16 +434,7 @@ def insert_unshard_points(gm: torch.fx.GraphModule, groups: list[list[int]]) -> 
     first = {tuple(g): min(order[u] for i in g for u in placeholders[i].users) for g in used}
     used.sort(key=lambda g: first[tuple(g)])
     for k, g in enumerate(used):
-        nodes = [placeholders[i] for i in g]
-        uses = {n: list(n.users) for n in nodes}
-        first_use = min((u for us in uses.values() for u in us), key=lambda u: order[u])
-        with gm.graph.inserting_before(first_use):
-            point = gm.graph.call_function(unshard, (k, *nodes))
-            point.meta["autosp_unshard"] = True
-            for j, n in enumerate(nodes):
-                item = gm.graph.call_function(operator.getitem, (point, j))
-                for u in uses[n]:
-                    u.replace_input_with(n, item)
+        insert_before_first_use(gm, g, unshard, (k,), "autosp_unshard")
     gm.graph.lint()
     gm.recompile()
     return used

@@ -162,21 +162,29 @@ def plan_buckets(gm: torch.fx.GraphModule, sizes: dict[int, int], bucket_bytes: 
     return buckets
 
 
-def insert_sync_points(gm: torch.fx.GraphModule, buckets: list[list[int]]) -> None:
-    """Put a :func:`sync_point` for each bucket just before its first use in ``gm`` (in place)."""
+def insert_before_first_use(gm: torch.fx.GraphModule, indices: list[int], target, lead: tuple,
+                            meta_key: str) -> None:
+    """Call ``target(*lead, *placeholders[indices])`` just before the first use of any of
+    those placeholders in ``gm``; every use then reads the call's results (a tuple, one per
+    placeholder) instead. The node is marked ``meta[meta_key]``. ``gm`` is not recompiled."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    nodes = [placeholders[i] for i in indices]
+    uses = {n: list(n.users) for n in nodes}
+    first_use = min((u for us in uses.values() for u in us), key=lambda u: order[u])
+    with gm.graph.inserting_before(first_use):
+        point = gm.graph.call_function(target, (*lead, *nodes))
+        point.meta[meta_key] = True
+        for j, n in enumerate(nodes):
+            item = gm.graph.call_function(operator.getitem, (point, j))
+            for u in uses[n]:
+                u.replace_input_with(n, item)
+
+
+def insert_sync_points(gm: torch.fx.GraphModule, buckets: list[list[int]]) -> None:
+    """Put a :func:`sync_point` for each bucket just before its first use in ``gm`` (in place)."""
     for bucket in buckets:
-        nodes = [placeholders[i] for i in bucket]
-        uses = {n: [u for u in n.users] for n in nodes}
-        first_use = min((u for us in uses.values() for u in us), key=lambda u: order[u])
-        with gm.graph.inserting_before(first_use):
-            point = gm.graph.call_function(sync_point, tuple(nodes))
-            point.meta["autosp_grad_sync"] = True
-            for j, n in enumerate(nodes):
-                item = gm.graph.call_function(operator.getitem, (point, j))
-                for u in uses[n]:
-                    u.replace_input_with(n, item)
+        insert_before_first_use(gm, bucket, sync_point, (), "autosp_grad_sync")
     gm.graph.lint()
     gm.recompile()
 
