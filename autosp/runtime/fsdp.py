@@ -152,7 +152,7 @@ def param_groups(model: torch.nn.Module) -> list[list[str]]:
         return []
     owner: dict[str, str] = {}
     roots = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
-    for prefix in sorted(roots, key=lambda n: n.count(".") + (n != ""), reverse=False):
+    for prefix in sorted(roots, key=lambda n: n.count(".") + (n != "")):  # shallow first: depth
         module = model.get_submodule(prefix) if prefix else model
         for name, p in module.named_parameters(prefix=prefix):
             if is_sharded(p):
