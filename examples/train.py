@@ -15,6 +15,18 @@ replica); with --dtype bf16 it trains an fp32 single-device model too, and asks 
 as close to fp32 as one device in bf16 is (one bf16 step of slack). The exit code is
 non-zero on every rank when the check fails.
 
+--pack packs whole documents into each row of --seq tokens, as pretraining does: a text
+file's documents are its paragraphs (split on blank lines; one document per line when the
+file has no blank line), a tokenised file's end at each --doc-sep ID token (kept as its
+last token), synthetic ones are counting runs of random lengths. A row concatenates
+documents greedily from a random one on; documents longer than --seq are first split into
+pieces of --seq tokens, and the row's last document is cut at the row's end.
+position_ids restart at 0 at every document, and each document's first label is -100, so
+no token is predicted from another document; no attention_mask is passed, and the Hugging
+Face model masks attention per document from the position_ids resets (a preset model is
+also given document_ids, numbered from the resets). The compiled model and --verify's
+reference get the same inputs.
+
 Model: --size picks a preset (tiny, small, 1b, 8b = Llama-3-8B's shape; default tiny);
 --model DIR loads a local Hugging Face model directory (config.json + safetensors,
 nothing is downloaded) instead; the two are exclusive.
@@ -42,12 +54,14 @@ import argparse
 import copy
 import math
 import os
+import re
 import resource
 import signal
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -97,6 +111,13 @@ def parse_args(argv=None):
                         "of a GPU's memory (the CUDA device's, else --gpu-gib): on for --size 1b and 8b")
     p.add_argument("--verify", action="store_true", help="train the single-device model alongside on rank 0")
     p.add_argument("--data", help="text file, or tokenised .npy/.bin (uint16) file")
+    p.add_argument("--pack", action="store_true",
+                   help="pack whole documents into each row: position_ids restart at each document, whose first "
+                        "label is ignored (documents: a text file's paragraphs, or one per line "
+                        "without blank lines; a tokenised file's split at --doc-sep; else synthetic)")
+    p.add_argument("--doc-sep", type=int, metavar="ID",
+                   help="with --pack and a tokenised --data file: the token id that ends each document (e.g. the "
+                        "tokenizer's end-of-text id), kept as the document's last token")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", metavar="DIR",
                    help="save model, optimizer and step with torch.distributed.checkpoint to DIR/step-NNNNNN "
@@ -149,13 +170,29 @@ def _check_options(args) -> None:
     if args.world is not None and not args.dry_run:
         _fail("--world simulates ranks for --dry-run only; under torchrun the world is --nproc-per-node")
     if args.dry_run:
-        for flag in ("verify", "save", "resume", "init_from", "data"):
+        for flag in ("verify", "save", "resume", "init_from", "data", "pack"):
             if getattr(args, flag):
                 _fail(f"--dry-run trains nothing: --{flag.replace('_', '-')} does not apply")
         if args.world is not None and args.world < 1:
             _fail(f"--world must be >= 1, got {args.world}")
     elif args.fsdp and "RANK" not in os.environ:
         _fail("--fsdp shards over the ranks of a torchrun job: run under torchrun")
+    _check_pack_options(args)
+
+
+def _check_pack_options(args) -> None:
+    tokenised = args.data is not None and args.data.endswith((".npy", ".bin"))
+    if args.doc_sep is not None:
+        if not args.pack:
+            _fail("--doc-sep splits documents for --pack: add --pack")
+        if not tokenised:
+            _fail("--doc-sep applies to a tokenised --data file (.npy/.bin); a text file's documents are its "
+                  "paragraphs (split on blank lines)")
+    if not args.pack:
+        return
+    if tokenised and args.doc_sep is None:
+        _fail(f"--pack with the tokenised file {args.data} needs --doc-sep ID, the token id that ends each "
+              "document (e.g. the tokenizer's end-of-text id)")
 
 
 def checkpoint_dir(root: str, step: int) -> str:
@@ -211,6 +248,147 @@ def make_batch(step: int, args, vocab: int, tokens, replica: int) -> torch.Tenso
             start = int(torch.randint(0, len(tokens) - args.seq - 1, (1,), generator=gen))
             rows.append(tokens[start:start + args.seq])
     return torch.stack(rows)
+
+
+# ---------------------------------------------------------------- --pack
+@dataclass
+class Documents:
+    """The documents of a --data file for --pack: document ``i`` is ``tokens[starts[i]:ends[i]]``
+    (token ids already taken modulo the vocabulary), none longer than a row."""
+
+    tokens: torch.Tensor
+    starts: torch.Tensor
+    ends: torch.Tensor
+    summary: str  # how they were found, for the run's header
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.tokens[int(self.starts[i]):int(self.ends[i])]
+
+    def cycle(self, first: int) -> Iterator[torch.Tensor]:
+        """Documents ``first, first + 1, ...`` in file order, wrapping around, without end."""
+        i = first
+        while True:
+            yield self[i % len(self)]
+            i += 1
+
+
+def load_documents(path: str | None, vocab: int, seq: int, doc_sep: int | None = None) -> Documents | None:
+    """--pack's documents of a --data file (None: synthetic documents, see :func:`synthetic_documents`).
+
+    A text file (bytes as tokens) is split on blank lines (lines holding only whitespace)
+    into paragraphs, each stripped of surrounding whitespace; a file without any blank
+    line holds one document per line. A tokenised .npy/.bin file is split after every
+    ``doc_sep`` token (compared before the modulo), which stays as its document's last
+    token; a document of nothing but the separator is dropped. Empty documents are
+    dropped, and documents longer than ``seq`` are split into pieces of ``seq`` tokens
+    (the last one shorter), each packed as a document of its own.
+    """
+    if path is None:
+        return None
+    import numpy as np
+    if path.endswith((".npy", ".bin")):
+        data = (np.load(path) if path.endswith(".npy") else np.fromfile(path, dtype=np.uint16)).reshape(-1)
+        data = data.astype(np.int64)
+        after_sep: np.ndarray = np.flatnonzero(data == doc_sep) + 1
+        if len(after_sep) == 0:
+            raise UsageError(f"--doc-sep {doc_sep}: {path} holds no such token; pass the id that ends its documents")
+        starts = np.concatenate([[0], after_sep])
+        ends = np.concatenate([after_sep, [len(data)]])
+        lone_sep = (ends - starts == 1) & (data[np.minimum(starts, len(data) - 1)] == doc_sep)
+        keep = (ends > starts) & ~lone_sep
+        starts, ends = starts[keep], ends[keep]
+        rule = f"split after each --doc-sep {doc_sep}"
+    else:
+        raw = open(path, "rb").read()
+        blank_lines = re.search(rb"\n[ \t\r\f\v]*\n", raw) is not None
+        pieces = re.split(rb"\n(?:[ \t\r\f\v]*\n)+" if blank_lines else rb"\n", raw)
+        docs = [d for d in (piece.strip() for piece in pieces) if d]
+        data = np.frombuffer(b"".join(docs), dtype=np.uint8).astype(np.int64)
+        ends = np.cumsum([len(d) for d in docs], dtype=np.int64)
+        starts = ends - np.array([len(d) for d in docs], dtype=np.int64)
+        rule = "paragraphs: split on blank lines" if blank_lines else "one per line: the file has no blank line"
+    n_docs = len(starts)
+    if n_docs == 0 or int((ends - starts).sum()) < seq:
+        raise UsageError(f"--pack: {path} holds {n_docs} document(s), {int((ends - starts).sum())} tokens: "
+                         f"fewer than one row of --seq {seq}")
+    # Documents longer than a row: pieces of `seq` tokens, each its own document.
+    lengths = ends - starts
+    n_pieces = -(-lengths // seq)
+    of_doc: np.ndarray = np.repeat(np.arange(n_docs), n_pieces)
+    k = np.arange(int(n_pieces.sum())) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+    starts = starts[of_doc] + k * seq
+    ends = np.minimum(starts + seq, ends[of_doc])
+    summary = f"{n_docs} documents from {path} ({rule}), mean {lengths.mean():.1f} tokens"
+    if len(starts) > n_docs:
+        summary += f"; {int((lengths > seq).sum())} longer than --seq {seq} split: {len(starts)} to pack"
+    return Documents(torch.from_numpy(data) % vocab, torch.from_numpy(starts), torch.from_numpy(ends), summary)
+
+
+def synthetic_documents(gen: torch.Generator, vocab: int, seq: int) -> Iterator[torch.Tensor]:
+    """Endless synthetic documents drawn from ``gen``: each counts up from a random start
+    (make_batch's language) for a random length of 1 .. max(1, seq // 2) tokens."""
+    longest = max(1, seq // 2)
+    while True:
+        start = int(torch.randint(0, vocab, (1,), generator=gen))
+        length = int(torch.randint(1, longest + 1, (1,), generator=gen))
+        yield (start + torch.arange(length)) % vocab
+
+
+def pack_row(documents: Iterator[torch.Tensor], seq: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One row of ``seq`` tokens packed greedily from ``documents``: (input_ids, position_ids,
+    the number of documents in it). Documents are concatenated in order until the row is
+    full, the last one cut at the row's end (its rest is not carried over: every row stands
+    alone); position_ids count 0, 1, ... from each document's start. Empty documents are skipped.
+
+    >>> ids, pos, n = pack_row(iter([torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10, 11])]), 5)
+    >>> ids.tolist(), pos.tolist(), n
+    ([5, 6, 7, 8, 9], [0, 1, 2, 0, 1], 2)
+    """
+    ids, positions, filled = [], [], 0
+    while filled < seq:
+        doc = next(documents)[:seq - filled]
+        if len(doc):
+            ids.append(doc)
+            positions.append(torch.arange(len(doc)))
+            filled += len(doc)
+    return torch.cat(ids), torch.cat(positions), len(ids)
+
+
+def packed_labels(ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Labels of packed rows for a model that shifts them inside (Hugging Face's convention:
+    ``labels[t]`` is predicted from position t - 1): the inputs, with -100 (ignored) at each
+    document's first token, so that no document's first token is predicted from the end of
+    the one before it.
+
+    >>> packed_labels(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([0, 1, 2, 0, 1])).tolist()
+    [-100, 6, 7, -100, 9]
+    """
+    return ids.masked_fill(position_ids == 0, -100)
+
+
+def make_packed_batch(step: int, args, vocab: int, documents: Documents | None,
+                      replica: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """--pack's counterpart of :func:`make_batch`: replica ``replica``'s ``args.batch`` packed
+    rows of step ``step`` as (input_ids, position_ids, labels, the number of documents in
+    them). Each row is a function of (seed, step, its index in the global batch) only: its
+    generator picks the first document (``documents``' file order follows it, wrapping
+    around) or draws the synthetic documents (``documents`` None)."""
+    rows, positions, count = [], [], 0
+    for i in range(args.batch):
+        gen = torch.Generator().manual_seed(sample_seed(args.seed, step, replica * args.batch + i))
+        if documents is None:
+            source = synthetic_documents(gen, vocab, args.seq)
+        else:
+            source = documents.cycle(int(torch.randint(0, len(documents), (1,), generator=gen)))
+        ids, pos, n = pack_row(source, args.seq)
+        rows.append(ids)
+        positions.append(pos)
+        count += n
+    ids, position_ids = torch.stack(rows), torch.stack(positions)
+    return ids, position_ids, packed_labels(ids, position_ids), count
 
 
 def peak_memory_mib(device) -> float:
@@ -410,13 +588,22 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def model_loss(model, ids: torch.Tensor, hf: bool) -> torch.Tensor:
-    """The training loss of one batch (labels = inputs, shifted inside the model): LlamaLike
-    returns a dict with "loss", a Hugging Face model a ModelOutput with ``.loss``."""
+def model_loss(model, ids: torch.Tensor, hf: bool, position_ids: torch.Tensor | None = None,
+               labels: torch.Tensor | None = None) -> torch.Tensor:
+    """The training loss of one batch (labels = inputs by default, shifted inside the model):
+    LlamaLike returns a dict with "loss", a Hugging Face model a ModelOutput with ``.loss``.
+    --pack passes its ``position_ids`` and ``labels`` (:func:`make_packed_batch`); no
+    attention_mask, so a Hugging Face model masks attention per document from the
+    position_ids resets (use_cache=False: no cache, which that detection needs); the
+    preset model gets ``document_ids`` too, numbered from the resets."""
+    labels = ids if labels is None else labels
+    extra = {} if position_ids is None else {"position_ids": position_ids}
+    if position_ids is not None and not hf:  # the preset model takes document ids: 0, 1, ... per row
+        extra["document_ids"] = (position_ids == 0).cumsum(-1)
     if hf:
-        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out = model(input_ids=ids, labels=labels, use_cache=False, **extra)
     else:
-        out = model(ids, labels=ids)
+        out = model(ids, labels=labels, **extra)
     return out["loss"] if isinstance(out, dict) and "loss" in out else out.loss
 
 
@@ -631,7 +818,8 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
         gathered_bytes = [torch.zeros_like(param_bytes) for _ in range(world)]
         dist.all_gather(gathered_bytes, param_bytes)
         param_bytes = torch.cat(gathered_bytes)
-    tokens = load_tokens(args.data, vocab)
+    documents = load_documents(args.data, vocab, args.seq, args.doc_sep) if args.pack else None
+    tokens = None if args.pack else load_tokens(args.data, vocab)
     if rank == 0:
         full_bytes = n_params * torch.empty((), dtype=dtype).element_size()
         print(f"autosp {autosp.__version__} | {world} rank(s): {dp} data-parallel x {sp} sequence-parallel | "
@@ -643,14 +831,25 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
             print(f"initialised from {args.init_from}", flush=True)
         if resumed:
             print(resumed, flush=True)
+        if args.pack:
+            found = (documents.summary if documents is not None
+                     else f"synthetic documents of 1-{max(1, args.seq // 2)} tokens")
+            print(f"packing: {found} | rows of {args.seq} tokens, position_ids restart at each document, "
+                  "its first label ignored", flush=True)
 
-    step_times, losses = [], []
+    step_times, losses, packed_docs = [], [], []
     ref_losses: dict[str, list[float]] = {k: [] for k in refs}
     reset_refs = args.verify and dtype != torch.float32
     for step in range(start_step, args.steps):
         if args.debug_raise_on_rank == rank and step == 1:
             raise RuntimeError(f"--debug-raise-on-rank {rank}: a deliberate failure at step 2")
-        ids = make_batch(step, args, vocab, tokens, replica).to(device)
+        inputs: dict[str, torch.Tensor] = {}  # --pack: position_ids and labels, to every model alike
+        if args.pack:
+            ids, position_ids, labels, n_docs = make_packed_batch(step, args, vocab, documents, replica)
+            ids, inputs = ids.to(device), {"position_ids": position_ids.to(device), "labels": labels.to(device)}
+            packed_docs.append(n_docs)
+        else:
+            ids = make_batch(step, args, vocab, tokens, replica).to(device)
         if reset_refs:  # bf16: each step's losses at the SP model's own weights (see check_bf16)
             with torch.no_grad():
                 weights = full_params(model)  # every rank: a collective under FSDP
@@ -660,7 +859,7 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
                 del weights
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model_loss(sp_model, ids, hf)
+        loss = model_loss(sp_model, ids, hf, **inputs)
         loss.backward()
         opt.step()
         elapsed = time.perf_counter() - start
@@ -670,9 +869,11 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
         # The debug offset moves the reported SP loss only: a negative control for --verify.
         losses.append(loss.item() + args.debug_sp_loss_offset)
         line = f"step {step + 1:>4}/{args.steps} | loss {losses[-1]:9.6f}"
+        if args.pack:
+            line += f" | {packed_docs[-1]:4d} docs"
         for name, ref in refs.items():
             ref_opts[name].zero_grad(set_to_none=True)
-            ref_loss = model_loss(ref, ids, hf)
+            ref_loss = model_loss(ref, ids, hf, **inputs)
             ref_loss.backward()
             ref_opts[name].step()
             ref_losses[name].append(ref_loss.item())
@@ -716,6 +917,10 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
                 ("throughput", f"{args.batch * args.seq * dp / mean:.0f} tok/s"),
                 ("loss first -> last", f"{losses[0]:.4f} -> {losses[-1]:.4f}"),
                 ("peak memory per rank", ", ".join(f"{m:.0f}" for m in memory.tolist()) + " MiB")]
+        if args.pack:
+            n_rows = args.batch * len(packed_docs)
+            rows.append(("documents packed" + (" (replica 0)" if dp > 1 else ""),
+                         f"{sum(packed_docs)} in {n_rows} rows ({sum(packed_docs) / n_rows:.1f} per row)"))
         if "single" in ref_losses:
             diffs = [abs(a - b) for a, b in zip(losses, ref_losses["single"])]
             rows.append(("max |loss - single-device loss|", f"{max(diffs):.2e}"))

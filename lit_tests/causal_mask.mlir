@@ -624,3 +624,127 @@ func.func @query_padding_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>, %arg1: !torc
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
   return %0 : !torch.vtensor<[2,2,?,8],f32>
 }
+
+// -----
+
+// Packed documents as transformers builds them (batch 1): doc = cumsum(diff(pos) != 1) with
+// torch.diff's prepend of pos[:, :1] - 1, and the mask causal on positions within a
+// document: pos[k] <= pos[q] and doc[q] == doc[k]. Where doc[q] == doc[k] every step
+// between k and q is +1, so pos[q] - pos[k] == q - k: causal within documents. The doc ids
+// become the mask operand ([1, 1, 1, S]) with autosp.documents.
+// CHECK-LABEL: func.func @packed_documents
+// CHECK: %[[DOC:.*]] = torch.aten.cumsum
+// CHECK: %[[D1:.*]] = torch.aten.unsqueeze %[[DOC]], %int1{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,1,16],si64>
+// CHECK: %[[D2:.*]] = torch.aten.unsqueeze %[[D1]], %int2{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,1,1,16],si64>
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[D2]], %{{[^,]*}}, %true, %none, %false {autosp.documents}
+// DCE-LABEL: func.func @packed_documents
+// DCE-NOT: torch.aten.eq.Tensor
+// DCE-NOT: torch.aten.le.Tensor
+// DCE: torch.aten.scaled_dot_product_attention {{.*}} {autosp.documents}
+func.func @packed_documents(%arg0: !torch.vtensor<[1,2,16,8],f32>, %arg1: !torch.vtensor<[1,16],si64>) -> !torch.vtensor<[1,2,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.int
+  // doc = cumsum(diff(pos, prepend=pos[:, :1] - 1) != 1)
+  %first = torch.aten.slice.Tensor %arg1, %int1, %int0, %int1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[1,1],si64>
+  %dummy = torch.aten.sub.Scalar %first, %int1, %int1 : !torch.vtensor<[1,1],si64>, !torch.int, !torch.int -> !torch.vtensor<[1,1],si64>
+  %parts = torch.prim.ListConstruct %dummy, %arg1 : (!torch.vtensor<[1,1],si64>, !torch.vtensor<[1,16],si64>) -> !torch.list<vtensor>
+  %ext = torch.aten.cat %parts, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[1,16],si64>
+  %s1 = torch.aten.add.int %int1, %s : !torch.int, !torch.int -> !torch.int
+  %hi = torch.aten.slice.Tensor %ext, %int-1, %int1, %s1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[1,16],si64>
+  %lo = torch.aten.slice.Tensor %ext, %int-1, %int0, %s, %int1 : !torch.vtensor<[1,16],si64>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[1,16],si64>
+  %diff = torch.aten.sub.Tensor %hi, %lo, %int1 : !torch.vtensor<[1,16],si64>, !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,16],si64>
+  %new = torch.aten.ne.Scalar %diff, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,16],i1>
+  %doc = torch.aten.cumsum %new, %int-1, %none : !torch.vtensor<[1,16],i1>, !torch.int, !torch.none -> !torch.vtensor<[1,16],si64>
+  // index tensors: batch [1,1,1,1], queries [1,1,16,1], keys [1,1,1,16]
+  %b = torch.aten.arange.start_step %int0, %int1, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[1],si64>
+  %b1 = torch.aten.unsqueeze %b, %int1 : !torch.vtensor<[1],si64>, !torch.int -> !torch.vtensor<[1,1],si64>
+  %b2 = torch.aten.unsqueeze %b1, %int2 : !torch.vtensor<[1,1],si64>, !torch.int -> !torch.vtensor<[1,1,1],si64>
+  %b3 = torch.aten.unsqueeze %b2, %int3 : !torch.vtensor<[1,1,1],si64>, !torch.int -> !torch.vtensor<[1,1,1,1],si64>
+  %i = torch.aten.arange.start_step %int0, %s, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[16],si64>
+  %i1 = torch.aten.unsqueeze %i, %int0 : !torch.vtensor<[16],si64>, !torch.int -> !torch.vtensor<[1,16],si64>
+  %i2 = torch.aten.unsqueeze %i1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16],si64>
+  %rows = torch.aten.unsqueeze %i2, %int3 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16,1],si64>
+  %cols = torch.aten.unsqueeze %i2, %int2 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,1,16],si64>
+  // causal on positions: pos[b, k] <= pos[b, q]
+  %lq = torch.prim.ListConstruct %b3, %rows : (!torch.vtensor<[1,1,1,1],si64>, !torch.vtensor<[1,1,16,1],si64>) -> !torch.list<vtensor>
+  %lk = torch.prim.ListConstruct %b3, %cols : (!torch.vtensor<[1,1,1,1],si64>, !torch.vtensor<[1,1,1,16],si64>) -> !torch.list<vtensor>
+  %pq = torch.aten.index.Tensor_hacked_twin %arg1, %lq : !torch.vtensor<[1,16],si64>, !torch.list<vtensor> -> !torch.vtensor<[1,1,16,1],si64>
+  %pk = torch.aten.index.Tensor_hacked_twin %arg1, %lk : !torch.vtensor<[1,16],si64>, !torch.list<vtensor> -> !torch.vtensor<[1,1,1,16],si64>
+  %causal = torch.aten.le.Tensor %pk, %pq : !torch.vtensor<[1,1,1,16],si64>, !torch.vtensor<[1,1,16,1],si64> -> !torch.vtensor<[1,1,16,16],i1>
+  // same document: doc[b, q] == doc[b, k]
+  %dq = torch.aten.index.Tensor_hacked_twin %doc, %lq : !torch.vtensor<[1,16],si64>, !torch.list<vtensor> -> !torch.vtensor<[1,1,16,1],si64>
+  %dk = torch.aten.index.Tensor_hacked_twin %doc, %lk : !torch.vtensor<[1,16],si64>, !torch.list<vtensor> -> !torch.vtensor<[1,1,1,16],si64>
+  %same = torch.aten.eq.Tensor %dq, %dk : !torch.vtensor<[1,1,16,1],si64>, !torch.vtensor<[1,1,1,16],si64> -> !torch.vtensor<[1,1,16,16],i1>
+  %m = torch.aten.bitwise_and.Tensor %causal, %same : !torch.vtensor<[1,1,16,16],i1>, !torch.vtensor<[1,1,16,16],i1> -> !torch.vtensor<[1,1,16,16],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,1,16,16],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,16,8],f32>
+  return %0 : !torch.vtensor<[1,2,16,8],f32>
+}
+
+// -----
+
+// Document ids from resets to 0 (cumsum(pos == 0)) say nothing about the steps in between:
+// within a "document" pos may jump, so pos[k] <= pos[q] is not k <= q. Kept.
+// CHECK-LABEL: func.func @documents_from_zeros_with_position_causal_kept
+// DCE-LABEL: func.func @documents_from_zeros_with_position_causal_kept
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[0-9]+}}, %{{[^,]*}}, %false, %none, %false {autosp.mask_kept = "formula is not k <= q: and(%arg1[0, i2] - %arg1[0, i3] >= 0, %1[0, i2] - %1[0, i3] == 0); data read: %arg1: reads the data of block argument %arg1; %1: cumsum of a value that is not constant"}
+func.func @documents_from_zeros_with_position_causal_kept(%arg0: !torch.vtensor<[1,2,16,8],f32>, %arg1: !torch.vtensor<[1,16],si64>) -> !torch.vtensor<[1,2,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int-1 = torch.constant.int -1
+  %zero = torch.aten.eq.Scalar %arg1, %int0 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,16],i1>
+  %doc = torch.aten.cumsum %zero, %int-1, %none : !torch.vtensor<[1,16],i1>, !torch.int, !torch.none -> !torch.vtensor<[1,16],si64>
+  %p0 = torch.aten.unsqueeze %arg1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16],si64>
+  %pq = torch.aten.unsqueeze %p0, %int-1 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16,1],si64>
+  %pk = torch.aten.unsqueeze %p0, %int2 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,1,16],si64>
+  %causal = torch.aten.le.Tensor %pk, %pq : !torch.vtensor<[1,1,1,16],si64>, !torch.vtensor<[1,1,16,1],si64> -> !torch.vtensor<[1,1,16,16],i1>
+  %d0 = torch.aten.unsqueeze %doc, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16],si64>
+  %dq = torch.aten.unsqueeze %d0, %int-1 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16,1],si64>
+  %dk = torch.aten.unsqueeze %d0, %int2 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,1,16],si64>
+  %same = torch.aten.eq.Tensor %dq, %dk : !torch.vtensor<[1,1,16,1],si64>, !torch.vtensor<[1,1,1,16],si64> -> !torch.vtensor<[1,1,16,16],i1>
+  %m = torch.aten.bitwise_and.Tensor %causal, %same : !torch.vtensor<[1,1,16,16],i1>, !torch.vtensor<[1,1,16,16],i1> -> !torch.vtensor<[1,1,16,16],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,2,16,8],f32>, !torch.vtensor<[1,1,16,16],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,16,8],f32>
+  return %0 : !torch.vtensor<[1,2,16,8],f32>
+}
+
+// -----
+
+// A segment-id input (batch 2) and a tril of ones, as a hand-written model builds it:
+// same segment & k <= q, whatever the ids are (the kernel groups equal ids).
+// CHECK-LABEL: func.func @segment_ids_and_tril
+// CHECK: %[[S1:.*]] = torch.aten.unsqueeze %arg1, %int1{{[_0-9]+}} : {{.*}} -> !torch.vtensor<[2,1,16],si64>
+// CHECK: %[[S2:.*]] = torch.aten.unsqueeze %[[S1]], %int2{{[_0-9]+}} : {{.*}} -> !torch.vtensor<[2,1,1,16],si64>
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[S2]], %{{[^,]*}}, %true{{[_0-9]*}}, %none, %false {autosp.documents}
+func.func @segment_ids_and_tril(%arg0: !torch.vtensor<[2,2,16,8],f32>, %arg1: !torch.vtensor<[2,16],si64>) -> !torch.vtensor<[2,2,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int11 = torch.constant.int 11
+  %int-1 = torch.constant.int -1
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg1, %int1 : !torch.vtensor<[2,16],si64>, !torch.int -> !torch.int
+  %d0 = torch.aten.unsqueeze %arg1, %int1 : !torch.vtensor<[2,16],si64>, !torch.int -> !torch.vtensor<[2,1,16],si64>
+  %dq = torch.aten.unsqueeze %d0, %int-1 : !torch.vtensor<[2,1,16],si64>, !torch.int -> !torch.vtensor<[2,1,16,1],si64>
+  %dk = torch.aten.unsqueeze %d0, %int2 : !torch.vtensor<[2,1,16],si64>, !torch.int -> !torch.vtensor<[2,1,1,16],si64>
+  %same = torch.aten.eq.Tensor %dq, %dk : !torch.vtensor<[2,1,16,1],si64>, !torch.vtensor<[2,1,1,16],si64> -> !torch.vtensor<[2,1,16,16],i1>
+  %size = torch.prim.ListConstruct %s, %s : (!torch.int, !torch.int) -> !torch.list<int>
+  %ones = torch.aten.ones %size, %int11, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[16,16],i1>
+  %tril = torch.aten.tril %ones, %int0 : !torch.vtensor<[16,16],i1>, !torch.int -> !torch.vtensor<[16,16],i1>
+  %m = torch.aten.bitwise_and.Tensor %same, %tril : !torch.vtensor<[2,1,16,16],i1>, !torch.vtensor<[16,16],i1> -> !torch.vtensor<[2,1,16,16],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
+  return %0 : !torch.vtensor<[2,2,16,8],f32>
+}

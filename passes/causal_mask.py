@@ -23,16 +23,31 @@ Sizes are tracked beside the values (Lins over the ``torch.symbolic_int`` symbol
 proven equal (one might be 1 at run time and repeat index 0), or a mask not proven to span
 the query and key lengths, is "not proven" too.
 
-Anything else (an op it does not model, data read from an argument other than through
-``torch.aten.size.int``, random ops, non-splat literals) makes the mask "not proven" and it
-stays, correct at its memory cost. The fold happens only when the formula simplifies to the
+Data the domain cannot compute (an input's values, an op it does not model) is kept opaque:
+an element of a boolean or integer tensor it reads becomes an atom ``pad[b, k]`` / a
+variable ``pos[b, q]`` of unknown value; a cat of pieces not on one line (``torch.diff``'s
+``prepend``) is a piecewise integer tensor. Floats it cannot compute, random ops and
+non-splat literals make the mask "not proven" and it stays, correct at its memory cost. The fold happens only when the formula simplifies to the
 single constraint ``i_q - i_k >= 0`` on the mask's last two dims (for an additive mask: 0
 exactly there, and elsewhere -inf or a value below half the dtype's lowest), or to exactly
 that and ``i_k - i_q + W - 1 >= 0`` for a constant W: a causal sliding window, which becomes
 ``is_causal`` plus ``autosp.window = W`` (without dropout; the backend's windowed kernel
-never builds S x S). A padding term or an offset (``k <= q + 1``) leaves a different
-formula and blocks it. Sampling the mask at a few lengths is not a proof: a window of 48
-looks causal at every length up to 48.
+never builds S x S). Two conjuncts over data are recognised beside that structure:
+
+- key padding ``pad[b, k]`` (a [B, S] boolean, e.g. ``attention_mask``): the mask operand
+  becomes ``pad`` as [B, 1, 1, S], with ``autosp.key_padding``;
+- documents ``doc[b, q] == doc[b, k]`` (a [B, S] integer: a segment-id input, or ids
+  computed in the model): the operand becomes ``doc`` as [B, 1, 1, S], with
+  ``autosp.documents``. The rest may compare positions ``pos[b, k] <= pos[b, q]`` instead
+  of indices (transformers' packed sequences) only when ``doc`` is proven to number the
+  runs of consecutive positions: ``doc = cumsum(c)`` with ``c[i]`` exactly
+  ``pos[i] - pos[i - 1] != 1`` for i >= 1. Then within a document ``pos[q] - pos[k] ==
+  q - k`` and the comparison is rewritten to indices. Ids from ``cumsum(pos == 0)`` prove
+  nothing about the steps between resets: kept.
+
+An offset (``k <= q + 1``), padding read at the query, or any other conjunct leaves a
+different formula and blocks the fold. Sampling the mask at a few lengths is not a proof: a
+window of 48 looks causal at every length up to 48.
 
 The input/output example is on :class:`CausalMask`.
 """
@@ -47,7 +62,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, main_func, op_name
-from autosp.ir.ops import KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import DOCUMENTS_ATTR, KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -56,6 +71,8 @@ _log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- linear expressions
 # Variables: an int d is the index along dim d of the tensor the expression belongs to;
 # a str is a size symbol ("arg3.d1"). Both are non-negative, which the simplifier uses.
+# A tuple ("val", name, idx) is the element at ``idx`` (a tuple of Lins) of an integer
+# tensor whose data the domain does not compute (``position_ids``, document ids): of any sign.
 
 @dataclass(frozen=True)
 class Lin:
@@ -91,19 +108,32 @@ class Lin:
         return not self.terms
 
     def subst(self, mapping: dict) -> "Lin":
-        """Replace index variables: ``mapping[d]`` is a Lin (absent: kept)."""
+        """Replace index variables: ``mapping[d]`` is a Lin (absent: kept); also inside the
+        indices of data elements."""
         out = Lin((), self.const)
         for v, c in self.terms:
+            if _is_data_var(v):
+                v = ("val", v[1], tuple(lin.subst(mapping) for lin in v[2]))
             out = out + (mapping[v] if v in mapping else Lin.var(v)).scale(c)
         return out
 
     def nonnegative(self) -> bool:
-        """Provably >= 0 for every value of the (non-negative) variables."""
-        return self.const >= 0 and all(c >= 0 for _, c in self.terms)
+        """Provably >= 0 for every value of the variables (indices and sizes are >= 0;
+        data elements may have any sign)."""
+        return self.const >= 0 and all(c >= 0 and not _is_data_var(v) for v, c in self.terms)
+
+    def data_vars(self) -> list:
+        return [v for v, _ in self.terms if _is_data_var(v)]
+
+
+def _is_data_var(v) -> bool:
+    return isinstance(v, tuple)
 
 
 def _var_key(item):
     v = item[0]
+    if _is_data_var(v):
+        return (2, 0, f"{v[1]}{v[2]}")
     return (0, v, "") if isinstance(v, int) else (1, 0, v)
 
 
@@ -131,7 +161,7 @@ def _atom(kind: str, lin: Lin):
     if kind == "ge":
         if lin.nonnegative():
             return TRUE
-        if lin.scale(-1).const > 0 and all(c <= 0 for _, c in lin.terms):
+        if lin.scale(-1).const > 0 and all(c <= 0 and not _is_data_var(v) for v, c in lin.terms):
             return FALSE  # -lin >= 1 > 0 everywhere
     return _canon(lin, kind)
 
@@ -220,7 +250,36 @@ class FloatTensor:
         return FloatTensor(rank, tuple((f, c) for c, f in by_value.items() if f != FALSE))
 
 
-_TENSORS = (IntTensor, BoolTensor, FloatTensor)
+@dataclass(frozen=True)
+class PiecewiseInt:
+    """An integer tensor that is ``lin`` where ``formula`` holds, one piece per region:
+    ``pieces`` are ``(formula, lin)``, the formulas disjoint and covering every index (a
+    ``cat`` of pieces not on one line, e.g. ``torch.diff``'s ``prepend``)."""
+
+    rank: int
+    pieces: tuple
+
+
+def _int_pieces(x) -> tuple:
+    """The ``(formula, lin)`` pieces of an integer tensor value."""
+    if isinstance(x, IntTensor):
+        return ((TRUE, x.lin),)
+    if isinstance(x, PiecewiseInt):
+        return x.pieces
+    raise NotProven("not an integer tensor")
+
+
+def _make_int(rank: int, pieces):
+    """An IntTensor where the non-empty pieces agree, else a PiecewiseInt."""
+    live = [(f, lin) for f, lin in pieces if f != FALSE]
+    if not live:
+        raise NotProven("an integer tensor with no region")
+    if all(lin == live[0][1] for _, lin in live):
+        return IntTensor(rank, live[0][1])
+    return PiecewiseInt(rank, tuple(live))
+
+
+_TENSORS = (IntTensor, BoolTensor, FloatTensor, PiecewiseInt)
 
 
 class NotProven(Exception):
@@ -266,22 +325,31 @@ class _MaskInterpreter:
     def __init__(self):
         self.memo: dict = {}
         self.shapes: dict = {}
-        self.data: dict = {}  # "%9" -> the boolean tensor a ("data", "%9", idx) atom reads
+        self.data: dict = {}  # "%9" -> the tensor a ("data", "%9", idx) atom / ("val", ...) variable reads
+        self.opaque: dict = {}  # "%9" -> why the domain does not compute it
 
     def _data_source(self, v: ir.Value, why: NotProven):
-        """A boolean tensor the domain cannot compute (it reads input data), indexed: its
-        element at ``idx`` is the atom ``("data", name, idx)`` (e.g. a key padding mask)."""
+        """A boolean or integer tensor the domain cannot compute (it reads input data, or an
+        op not modelled): its element at ``idx`` is the atom ``("data", name, idx)``
+        (boolean: a key padding mask) or the variable ``("val", name, idx)`` (integer:
+        ``position_ids``, document ids). Floats stay not proven."""
         kind = _kind(v.type)
-        if kind is None or kind[0] != "bool":
+        if kind is None or kind[0] == "float":
             raise why
         name = v.get_name()
         self.data[name] = v
+        self.opaque[name] = str(why)
         rank = len(kind[1])
-        return BoolTensor(rank, ("data", name, tuple(Lin.var(d) for d in range(rank))))
+        idx = tuple(Lin.var(d) for d in range(rank))
+        x = BoolTensor(rank, ("data", name, idx)) if kind[0] == "bool" else IntTensor(rank, Lin.var(("val", name, idx)))
+        return _normalise(x, v.type)
 
     def value(self, v: ir.Value):
         if v not in self.memo:
-            self.memo[v] = self._eval(v)
+            try:
+                self.memo[v] = self._eval(v)
+            except NotProven as e:
+                self.memo[v] = self._data_source(v, e)
         return self.memo[v]
 
     # -- helpers
@@ -303,6 +371,8 @@ class _MaskInterpreter:
         (broadcasting); a Python scalar becomes a rank-0 tensor."""
         x = self.value(v)
         if isinstance(x, Lin):
+            if x.data_vars():
+                raise NotProven(f"operand {v.get_name()} is a data-dependent number")
             x = IntTensor(0, x)
         elif isinstance(x, bool):
             x = BoolTensor(0, TRUE if x else FALSE)
@@ -519,7 +589,13 @@ class _MaskInterpreter:
         # shape ops
         if name in _IDENTITY:
             x = self.value(ops[0])
+            if isinstance(x, PiecewiseInt) and kind[0] == "int":
+                return x
             if isinstance(x, IntTensor) and kind[0] == "bool":
+                if x.lin.data_vars():  # e.g. attention_mask.bool(): the cast is the boolean data (key padding)
+                    source = x.lin.data_vars()[0][1]
+                    raise NotProven(f"reads the data of {'block argument ' if source.startswith('%arg') else ''}"
+                                    f"{source} (through {name})")
                 return BoolTensor(x.rank, f_not(_atom("eq", x.lin)))
             if isinstance(x, BoolTensor) and kind[0] == "int":
                 if x.formula[0] != "const":
@@ -577,8 +653,9 @@ class _MaskInterpreter:
         # arithmetic and logic
         if short in ("add", "sub") and name.endswith((".Tensor", ".Scalar")) and kind[0] == "int":
             x, y = self._tensor(ops[0], rank), self._tensor(ops[1], rank)
-            alpha = self._const(ops[2])
-            return IntTensor(rank, x.lin + y.lin.scale(alpha if short == "add" else -alpha))
+            alpha = self._const(ops[2]) * (1 if short == "add" else -1)
+            return _make_int(rank, [(f_and(f, g), a + c.scale(alpha))
+                                    for f, a in _int_pieces(x) for g, c in _int_pieces(y)])
         if short == "mul" and kind[0] == "int":
             x, y = self._tensor(ops[0], rank), self._tensor(ops[1], rank)
             if not (x.lin.is_const() or y.lin.is_const()):
@@ -588,9 +665,10 @@ class _MaskInterpreter:
             return IntTensor(rank, self._tensor(ops[0], rank).lin.scale(-1))
         if short in _COMPARE and kind[0] == "bool":
             x, y = self._tensor(ops[0], rank), self._tensor(ops[1], rank)
-            if not (isinstance(x, IntTensor) and isinstance(y, IntTensor)):
+            if not (isinstance(x, (IntTensor, PiecewiseInt)) and isinstance(y, (IntTensor, PiecewiseInt))):
                 raise NotProven(f"{name}: comparison of non-integer values")
-            return BoolTensor(rank, _COMPARE[short](x.lin, y.lin))
+            return BoolTensor(rank, f_or(*[f_and(f, g, _COMPARE[short](a, c))
+                                           for f, a in _int_pieces(x) for g, c in _int_pieces(y)]))
         if short in _LOGIC and kind[0] == "bool" and len(ops) == 2:
             x, y = self._tensor(ops[0], rank), self._tensor(ops[1], rank)
             if not (isinstance(x, BoolTensor) and isinstance(y, BoolTensor)):
@@ -640,7 +718,7 @@ class _MaskInterpreter:
         """Concatenation, when the pieces lie on one line along ``dim`` (a piece of length 1
         that is the line's value at its position joins it)."""
         if not parts or not all(isinstance(p, IntTensor) for p in parts):
-            raise NotProven("cat of values that are not integer tensors")
+            raise NotProven("cat of values that are not integer tensors (or of piecewise ones)")
         dim = dim + rank if dim < 0 else dim
         pieces, offset = [], 0
         for i, (p, shape) in enumerate(zip(parts, shapes)):
@@ -654,14 +732,20 @@ class _MaskInterpreter:
         for _lo, lin, size in pieces:  # choose the line from a piece longer than 1
             if size != 1:
                 if line is not None and lin != line:
-                    raise NotProven("cat of pieces that are not one line")
+                    line = None
+                    break
                 line = lin
         line = line if line is not None else pieces[0][1]
-        for lo, lin, size in pieces:
-            at = {dim: Lin((), lo)}
-            if lin != line and not (size == 1 and lin.subst(at) == line.subst(at)):
-                raise NotProven("cat of pieces that are not one line")
-        return IntTensor(rank, line)
+        if all(lin == line or (size == 1 and lin.subst({dim: Lin((), lo)}) == line.subst({dim: Lin((), lo)}))
+               for lo, lin, size in pieces):
+            return IntTensor(rank, line)
+        # Not one line: piece p holds on lo_p <= i_dim < lo_p + size_p (the last one up to the end).
+        index = Lin.var(dim)
+        regions = []
+        for n, (lo, lin, size) in enumerate(pieces):
+            upper = TRUE if n == len(pieces) - 1 else _atom("ge", Lin((), lo + size - 1) - index)
+            regions.append((f_and(_atom("ge", index - Lin((), lo)), upper), lin))
+        return _make_int(rank, regions)
 
     def _index(self, ops, rank: int):
         """``src[idx_0, ..., idx_{m-1}]`` with tensor indices (advanced indexing). A boolean
@@ -776,6 +860,8 @@ def _remap(x, mapping: dict, rank: int):
     """``x`` with its index variables replaced (``mapping``), as a tensor of ``rank``."""
     if isinstance(x, IntTensor):
         return IntTensor(rank, x.lin.subst(mapping))
+    if isinstance(x, PiecewiseInt):
+        return _make_int(rank, [(f_subst(f, mapping), lin.subst(mapping)) for f, lin in x.pieces])
     if isinstance(x, BoolTensor):
         return BoolTensor(rank, f_subst(x.formula, mapping))
     if isinstance(x, FloatTensor):
@@ -804,6 +890,7 @@ class MaskProof:
     reason: str
     window: int | None = None
     key_padding: object = None  # a [B, S] boolean ir.Value: key j of batch b is visible iff it is true
+    documents: object = None  # a [B, S] integer ir.Value: query i sees key j only if doc[b, i] == doc[b, j]
 
 
 def _window_of(allowed, q: int, k: int) -> int | None:
@@ -870,16 +957,176 @@ def prove_causal(sdpa) -> MaskProof:
             padding = interpreter.data[key_pad[0][1]]
             rest = [f for f in allowed[1] if f != key_pad[0]]
             allowed = rest[0] if len(rest) == 1 else ("and", tuple(rest))
+    # Documents: a conjunct doc[b, q] == doc[b, k] with doc a [B, S] integer tensor; the rest
+    # may compare positions within a document (transformers' packed sequences).
+    documents = None
+    if allowed[0] == "and" and value.rank == 4:
+        def batch_1_int(name: str) -> bool:
+            return (_kind(interpreter.data[name].type) or ("", [None]))[1][0] == 1 == (_kind(mask.type) or ("", [None]))[1][0]
+        found = [(f, d) for f in allowed[1] if (d := _document_ids(f, q, k, interpreter, batch_1_int)) is not None]
+        if len(found) == 1:
+            conjunct, (name, batch) = found[0]
+            rest = [f for f in allowed[1] if f != conjunct]
+            rest_f = rest[0] if len(rest) == 1 else ("and", tuple(rest))
+            if _formula_data(rest_f):
+                rest_f = _positions_within_documents(rest_f, name, batch, q, k, interpreter)
+            if rest_f is not None:
+                documents, allowed = interpreter.data[name], rest_f
     structure = "k <= q" if allowed == causal else None
     window = _window_of(allowed, q, k)
     if window is not None:
         structure = f"q - {window} < k <= q"
+    if structure is not None and padding is not None and documents is not None:
+        return MaskProof(False, f"{structure} with documents and key padding together (not supported)")
+    if structure is not None and documents is not None:
+        return MaskProof(False, f"{structure} within documents {documents.get_name()}[b, q] == "
+                         f"{documents.get_name()}[b, k]", window=window, documents=documents)
     if structure is not None and padding is not None:
         return MaskProof(False, f"{structure} and key padding {padding.get_name()}[b, k]", window=window,
                          key_padding=padding)
     if window is not None:
         return MaskProof(False, f"q - {window} < k <= q", window=window)
-    return MaskProof(False, f"formula is not k <= q: {format_formula(allowed)}")
+    reason = f"formula is not k <= q: {format_formula(allowed)}"
+    read = [f"{n}: {interpreter.opaque[n]}" for n in _formula_data(allowed) if n in interpreter.opaque]
+    return MaskProof(False, reason + (f"; data read: {'; '.join(read)}" if read else ""))
+
+
+def _formula_data(f) -> list[str]:
+    """Names of the data tensors a formula reads (in order, once each)."""
+    out: list[str] = []
+    def walk(g):
+        if g[0] == "data":
+            names = [g[1]] + [v[1] for lin in g[2] for v in lin.data_vars()]
+        elif g[0] in ("ge", "eq"):
+            names = [v[1] for v in g[1].data_vars()] + [w[1] for v in g[1].data_vars() for lin in v[2]
+                                                          for w in lin.data_vars()]
+        elif g[0] == "not":
+            return walk(g[1])
+        elif g[0] in ("and", "or"):
+            for h in g[1]:
+                walk(h)
+            return
+        else:
+            return
+        out.extend(n for n in names if n not in out)
+    walk(f)
+    return out
+
+
+def _document_ids(f, q: int, k: int, interpreter, batch_1) -> tuple[str, Lin] | None:
+    """(doc, b) when ``f`` is exactly ``doc[b, q] == doc[b, k]`` for an integer [B, S] data
+    tensor ``doc``, ``b`` the mask's batch index (or 0 where both have one row)."""
+    if f[0] != "eq" or f[1].const != 0 or len(f[1].terms) != 2:
+        return None
+    (u, cu), (w, cw) = f[1].terms
+    if not (_is_data_var(u) and _is_data_var(w)) or u[1] != w[1] or cu + cw != 0 or abs(cu) != 1:
+        return None
+    name = u[1]
+    if len(u[2]) != 2 or u[2][0] != w[2][0] or {u[2][1], w[2][1]} != {Lin.var(q), Lin.var(k)}:
+        return None
+    batch = u[2][0]
+    if batch != Lin.var(0) and not (batch == Lin() and batch_1(name)):
+        return None
+    return name, batch
+
+
+def _restrict(f, var: int, lo: int):
+    """``f`` simplified under ``i_var >= lo``: atoms over ``i_var`` alone decided."""
+    if f[0] in ("ge", "eq"):
+        lin = f[1]
+        if set(lin.coeffs()) == {var}:
+            a, c = lin.coeffs()[var], lin.const
+            at_lo = a * lo + c
+            if f[0] == "ge" and a > 0 and at_lo >= 0:
+                return TRUE
+            if f[0] == "ge" and a < 0 and at_lo < 0:
+                return FALSE
+            if f[0] == "eq" and (at_lo > 0 if a > 0 else at_lo < 0):
+                return FALSE
+        return f
+    if f[0] == "not":
+        return f_not(_restrict(f[1], var, lo))
+    if f[0] in ("and", "or"):
+        return _join(f[0], [_restrict(g, var, lo) for g in f[1]])
+    return f
+
+
+def _positions_within_documents(rest, doc: str, batch: Lin, q: int, k: int, interpreter):
+    """``rest`` with ``pos[x, q] - pos[x, k]`` replaced by ``q - k``, when ``doc`` provably
+    numbers the runs of consecutive positions of ``pos``: ``doc = cumsum(c, dim=1)`` with
+    ``c[b, i]`` exactly ``pos[x, i] - pos[x, i - 1] != 1`` for every ``i >= 1``
+    (transformers' ``find_packed_sequence_indices``). Then ``doc[b, q] == doc[b, k]`` means
+    every step between k and q is +1, so ``pos[x, q] - pos[x, k] == q - k``. None when that
+    cannot be proven or other data remains."""
+    owner = interpreter.data[doc].owner
+    if isinstance(owner, ir.Block) or op_name(owner) != "torch.aten.cumsum":
+        return None
+    source = owner.operands[0]
+    try:
+        dim = interpreter._const(owner.operands[1])
+        step = interpreter.value(source)
+    except NotProven:
+        return None
+    if dim not in (1, -1) or not isinstance(step, BoolTensor) or step.rank != 2:
+        return None
+    step_f = f_subst(_restrict(step.formula, 1, 1), {0: batch})
+    i = Lin.var(1)
+    for var in (v for lin_ in _lins(step_f) for v in lin_.data_vars()):
+        if len(var[2]) != 2 or var[2][1] != i:
+            continue
+        pos, x = var[1], var[2][0]
+        at = lambda j, pos=pos, x=x: Lin.var(("val", pos, (x, j)))  # noqa: E731
+        if step_f != f_not(_atom("eq", at(i) - at(i - Lin((), 1)) - Lin((), 1))):
+            continue
+        pq, pk = ("val", pos, (x, Lin.var(q))), ("val", pos, (x, Lin.var(k)))
+
+        def within(lin: Lin, pq=pq, pk=pk):
+            co = lin.coeffs()
+            c = co.get(pq, 0)
+            if co.get(pk, 0) != -c:
+                return None
+            rest_terms = {v: a for v, a in co.items() if v not in (pq, pk)}
+            if any(_is_data_var(v) for v in rest_terms):
+                return None
+            return Lin.of(rest_terms, lin.const) + (Lin.var(q) - Lin.var(k)).scale(c)
+        out = _map_lins(rest, within)
+        if out is not None and not _formula_data(out):
+            return out
+    return None
+
+
+def _lins(f) -> list:
+    if f[0] in ("ge", "eq"):
+        return [f[1]]
+    if f[0] == "not":
+        return _lins(f[1])
+    if f[0] in ("and", "or"):
+        return [lin for g in f[1] for lin in _lins(g)]
+    return []
+
+
+def _map_lins(f, fn):
+    """``f`` with each constraint's Lin replaced by ``fn(lin)`` (None: give up)."""
+    if f[0] in ("ge", "eq"):
+        lin = fn(f[1])
+        return None if lin is None else _atom(f[0], lin)
+    if f[0] == "not":
+        g = _map_lins(f[1], fn)
+        return None if g is None else f_not(g)
+    if f[0] in ("and", "or"):
+        parts = [_map_lins(g, fn) for g in f[1]]
+        return None if any(p is None for p in parts) else _join(f[0], parts)
+    return None if f[0] == "data" else f
+
+
+def _format_lin(lin: Lin) -> str:
+    return format_formula(("eq", lin))[:-5] or "0"
+
+
+def _format_var(v) -> str:
+    if _is_data_var(v):
+        return f"{v[1]}[{', '.join(_format_lin(lin) for lin in v[2])}]"
+    return f"i{v}" if isinstance(v, int) else str(v)
 
 
 def format_formula(f) -> str:
@@ -888,13 +1135,13 @@ def format_formula(f) -> str:
         return "true" if f[1] else "false"
     if f[0] in ("ge", "eq"):
         lin = f[1]
-        text = " ".join(f"{'+' if c > 0 else '-'} {'' if abs(c) == 1 else abs(c)}{'i' if isinstance(v, int) else ''}{v}"
+        text = " ".join(f"{'+' if c > 0 else '-'} {'' if abs(c) == 1 else abs(c)}{_format_var(v)}"
                         for v, c in lin.terms).lstrip("+ ")
         if lin.const:
             text += f" {'+' if lin.const > 0 else '-'} {abs(lin.const)}"
         return f"{text} {'>=' if f[0] == 'ge' else '=='} 0"
     if f[0] == "data":
-        return f"{f[1]}[{', '.join(format_formula(('eq', lin))[:-5] or '0' for lin in f[2])}]"
+        return f"{f[1]}[{', '.join(_format_lin(lin) for lin in f[2])}]"
     if f[0] == "not":
         return f"not({format_formula(f[1])})"
     return f"{f[0]}({', '.join(format_formula(g) for g in f[1])})"
@@ -923,10 +1170,10 @@ def fold_causal_masks(module) -> int:
         if _is_constant(mask, "torch.constant.none") or not _is_constant(op.operands[5], "torch.constant.bool", False):
             continue
         proof = prove_causal(op)
-        structured = proof.window is not None or proof.key_padding is not None
+        structured = proof.window is not None or proof.key_padding is not None or proof.documents is not None
         if structured and not _is_zero_float(op.operands[4]):
-            proof = MaskProof(False, f"{proof.reason}, with dropout")
-        if not proof.causal and proof.window is None and proof.key_padding is None:
+            proof, structured = MaskProof(False, f"{proof.reason}, with dropout"), False
+        if not proof.causal and not structured:
             _log.info("SDPA mask %s kept (an S x S mask per layer, saved for backward): %s",
                       mask.get_name(), proof.reason)
             op.attributes[KEPT_MASK_ATTR] = ir.StringAttr.get(proof.reason)  # the compile warns with its cost
@@ -935,10 +1182,13 @@ def fold_causal_masks(module) -> int:
             none = b.constant_none()
             true = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
                                        attributes={"value": ir.BoolAttr.get(True)}).result
-        op.operands[3] = none if proof.key_padding is None else _key_mask(op, proof.key_padding)
+        per_key = proof.documents if proof.documents is not None else proof.key_padding
+        op.operands[3] = none if per_key is None else _key_mask(op, per_key)
         op.operands[5] = true
         if proof.key_padding is not None:
             op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
+        if proof.documents is not None:
+            op.attributes[DOCUMENTS_ATTR] = ir.UnitAttr.get()
         if proof.window is not None:
             op.attributes[WINDOW_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), proof.window)
         folded += 1
@@ -946,7 +1196,8 @@ def fold_causal_masks(module) -> int:
 
 
 def _key_mask(op, padding: ir.Value) -> ir.Value:
-    """``padding`` ([B, S] boolean) as a [B, 1, 1, S] mask, built just before ``op``."""
+    """``padding`` ([B, S] boolean key padding, or integer document ids) as [B, 1, 1, S],
+    built just before ``op``."""
     shape = b.vtensor_shape(padding.type)
     assert shape is not None  # the proof read it as a boolean vtensor
     dims, dtype = shape

@@ -280,3 +280,190 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
             train.parse_args(argv)
         text = str(exc.value.code)
         assert message in text and "\n" not in text, (argv, text)
+
+
+# ---------------------------------------------------------------- --pack
+def _tiny_hf_llama(transformers, initializer_range=0.02):
+    """A 2-layer transformers LlamaForCausalLM over 256 tokens (bytes), SDPA, fp32."""
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      initializer_range=initializer_range, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(config).float()
+
+
+def _paragraphs(n, seed=0):
+    """``n`` paragraphs of 1-20 words, a few longer than 63 bytes, separated by blank lines."""
+    import random
+    rng = random.Random(seed)
+    words = "the quick brown fox jumps over a lazy dog while packed documents restart their positions".split()
+    return "\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(1, 20))) for _ in range(n)) + "\n"
+
+
+def test_packed_loss_and_gradients_equal_the_token_weighted_per_document_ones():
+    """One device, eager: the loss of rows packed by train.py (position_ids restarting at each
+    document, each document's first label -100, no attention_mask) is the token-weighted mean
+    of each document's own loss run alone (positions from 0), and its gradient the same
+    weighted sum of theirs. Negative controls: keeping each document's first label (a
+    prediction from the previous document), or positions that do not restart (one causal
+    row: attention and RoPE cross documents), must break both."""
+    import argparse
+
+    transformers = __import__("pytest").importorskip("transformers")
+    train = _load_train()
+    torch = train.torch
+    torch.manual_seed(0)
+    # Weights larger than the default 0.02: the logits depend on the context enough that
+    # the controls move the loss well beyond the tolerance, not only the gradients.
+    model = _tiny_hf_llama(transformers, initializer_range=0.2)
+    ids, position_ids, labels, n_docs = train.make_packed_batch(0, argparse.Namespace(seed=3, batch=2, seq=63),
+                                                                256, None, 0)
+    assert ids.shape == position_ids.shape == labels.shape == (2, 63)
+    assert n_docs == int((position_ids == 0).sum()) and n_docs >= 4, position_ids
+    assert torch.equal(labels == -100, position_ids == 0), "exactly each document's first label is ignored"
+
+    def loss_and_grads(input_ids, **kwargs):
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=input_ids, use_cache=False, **kwargs).loss
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+    # Each document of the packed rows on its own: a batch of one, positions from 0.
+    weighted_loss, weighted_grads, n_tokens, seen = 0.0, [torch.zeros_like(p) for p in model.parameters()], 0, 0
+    for row, pos in zip(ids, position_ids):
+        starts = (pos == 0).nonzero().flatten().tolist()
+        for start, end in zip(starts, starts[1:] + [len(row)]):
+            seen += 1
+            doc = row[start:end][None]
+            assert torch.equal(pos[start:end], torch.arange(end - start)), "positions count from each start"
+            n = end - start - 1  # tokens the document's own loss averages over
+            if n == 0:
+                continue  # a one-token document predicts nothing
+            loss, grads = loss_and_grads(doc, labels=train.packed_labels(doc, torch.arange(end - start)[None]))
+            weighted_loss += n * loss.double()
+            for acc, g in zip(weighted_grads, grads):
+                acc += n * g
+            n_tokens += n
+    assert seen == n_docs and n_tokens == int((labels[:, 1:] != -100).sum())
+    expected = float(weighted_loss / n_tokens)
+    expected_grads = [g / n_tokens for g in weighted_grads]
+    scale = max(float(g.abs().max()) for g in expected_grads)
+
+    def errors(loss, grads):
+        return (abs(float(loss) - expected),
+                max(float((g - e).abs().max()) for g, e in zip(grads, expected_grads)) / scale)
+
+    loss_err, grad_err = errors(*loss_and_grads(ids, position_ids=position_ids, labels=labels))
+    assert loss_err <= 1e-5 * abs(expected) and grad_err <= 1e-5, (loss_err, grad_err)
+    # Negative controls: each must be far outside the tolerance.
+    for name, kwargs in (("first labels kept", dict(position_ids=position_ids, labels=ids)),
+                         ("positions not restarting", dict(position_ids=torch.arange(63).expand(2, 63),
+                                                           labels=labels))):
+        bad_loss, bad_grad = errors(*loss_and_grads(ids, **kwargs))
+        assert bad_loss > 1e-3 * abs(expected) and bad_grad > 1e-2, (name, bad_loss, bad_grad)
+
+
+def test_pack_documents_of_text_and_tokenised_files_and_its_option_errors(tmp_path):
+    """--pack's document rules: a text file's paragraphs (blank lines), else its lines; a
+    tokenised file split after each --doc-sep (kept, a lone one dropped); documents longer
+    than --seq split into pieces of --seq. Rows are consecutive documents in file order,
+    the last one cut; a step's rows do not depend on how replicas split the global batch."""
+    import argparse
+
+    import numpy as np
+    import pytest
+    train = _load_train()
+    torch = train.torch
+
+    def texts(docs):
+        return [bytes(docs[i].tolist()).decode() for i in range(len(docs))]
+
+    (tmp_path / "paragraphs.txt").write_text("first one\nstill first\n\n \t\nsecond\r\n\r\n\n  third  \n")
+    docs = train.load_documents(str(tmp_path / "paragraphs.txt"), 256, 8)
+    assert texts(docs) == ["first on", "e\nstill ", "first", "second", "third"], texts(docs)
+    assert "3 documents" in docs.summary and "blank lines" in docs.summary and "5 to pack" in docs.summary
+    (tmp_path / "lines.txt").write_text("alpha\nbeta gamma\ndelta\n")
+    docs = train.load_documents(str(tmp_path / "lines.txt"), 256, 16)
+    assert texts(docs) == ["alpha", "beta gamma", "delta"] and "one per line" in docs.summary, docs.summary
+    np.save(tmp_path / "tokens.npy", np.array([7, 1, 2, 0, 0, 3, 0, 5, 6, 7, 8, 9, 300], dtype=np.uint16))
+    docs = train.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=0)
+    assert [docs[i].tolist() for i in range(len(docs))] == [[7, 1, 2, 0], [3, 0], [5, 6, 7, 8], [9, 300 % 256]]
+    with pytest.raises(train.UsageError, match="holds no such token"):
+        train.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=11)
+    with pytest.raises(train.UsageError, match="fewer than one row"):
+        train.load_documents(str(tmp_path / "lines.txt"), 256, 64)
+
+    # Rows from a file: consecutive documents (wrapping around), the last cut at the row's end.
+    (tmp_path / "corpus.txt").write_text(_paragraphs(30))
+    docs = train.load_documents(str(tmp_path / "corpus.txt"), 256, 63)
+    ns = argparse.Namespace(seed=1, batch=4, seq=63)
+    ids, pos, labels, n = train.make_packed_batch(2, ns, 256, docs, 0)
+    all_docs = [docs[i] for i in range(len(docs))]
+    for row, p in zip(ids, pos):
+        starts = (p == 0).nonzero().flatten().tolist()
+        pieces = [row[a:b] for a, b in zip(starts, starts[1:] + [63])]
+        first = next(i for i, d in enumerate(all_docs) if torch.equal(d, pieces[0][:len(d)]))
+        for k, piece in enumerate(pieces):
+            whole = all_docs[(first + k) % len(all_docs)]
+            assert torch.equal(piece, whole if k < len(pieces) - 1 else whole[:len(piece)])
+    halves = [train.make_packed_batch(2, argparse.Namespace(seed=1, batch=2, seq=63), 256, docs, r) for r in (0, 1)]
+    assert torch.equal(ids, torch.cat([h[0] for h in halves])) and torch.equal(pos, torch.cat([h[1] for h in halves]))
+    assert n == halves[0][3] + halves[1][3]
+    assert not torch.equal(ids, train.make_packed_batch(3, ns, 256, docs, 0)[0])
+    # Synthetic documents: a function of (seed, step, sample) too.
+    synthetic = train.make_packed_batch(0, ns, 256, None, 0)
+    assert all(torch.equal(a, b) for a, b in zip(synthetic[:3], train.make_packed_batch(0, ns, 256, None, 0)[:3]))
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    model = ["--model", str(tmp_path / "model")]
+    errors = [
+        ([*model, "--pack", "--data", str(tmp_path / "tokens.npy")], "needs --doc-sep ID"),
+        ([*model, "--doc-sep", "0", "--data", str(tmp_path / "tokens.npy")], "--doc-sep splits documents for --pack"),
+        ([*model, "--pack", "--doc-sep", "0", "--data", str(tmp_path / "lines.txt")], "a text file's documents"),
+        ([*model, "--pack", "--dry-run"], "--dry-run trains nothing: --pack does not apply"),
+    ]
+    for argv, message in errors:
+        with pytest.raises(SystemExit) as exc:
+            train.parse_args(argv)
+        assert message in str(exc.value.code), (argv, exc.value.code)
+    assert train.parse_args([*model, "--pack", "--doc-sep", "0", "--data", str(tmp_path / "tokens.npy")]).pack
+
+
+def test_pack_verify_run_on_two_ranks_matches_the_packed_single_device_loss(tmp_path):
+    """torchrun, 2 ranks, a Hugging Face directory, --pack on a text file of paragraphs at
+    --seq 63 (odd): verify passes, each step reports the documents make_packed_batch packs,
+    and the first loss is the saved weights' packed loss (position_ids and labels reached
+    the model), not the unpacked one (the control)."""
+    import argparse
+
+    transformers = __import__("pytest").importorskip("transformers")
+    train = _load_train()
+    torch = train.torch
+    torch.manual_seed(0)
+    model = _tiny_hf_llama(transformers)
+    model.save_pretrained(tmp_path / "hf")
+    data = tmp_path / "corpus.txt"
+    data.write_text(_paragraphs(40))
+    run = _torchrun("--model", str(tmp_path / "hf"), "--pack", "--data", str(data), "--seq", "63", "--steps", "3",
+                    "--verify")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    out = run.stdout
+    assert "1 data-parallel x 2 sequence-parallel" in out and "VERIFY PASSED" in out, out
+    assert "keeps its" not in run.stderr, "the packed-documents mask is recognised, not kept S x S"
+    docs = train.load_documents(str(data), 256, 63)
+    assert f"packing: {docs.summary} | rows of 63 tokens" in out, out
+    diff = float(re.search(r"max \|loss - single-device loss\|\s+(\S+)", out).group(1))
+    assert diff <= 1e-4, out
+    batches = [train.make_packed_batch(step, argparse.Namespace(seed=0, batch=2, seq=63), 256, docs, 0)
+               for step in range(3)]
+    printed = [int(n) for n in re.findall(r"^step +\d+/3 \| loss +\S+ \| +(\d+) docs", out, flags=re.M)]
+    assert printed == [b[3] for b in batches], (printed, out)
+    assert f"documents packed                  {sum(printed)} in 6 rows" in out, out
+    ids, position_ids, labels, _ = batches[0]
+    assert int((position_ids == 0).sum()) > 2, "the control needs rows holding several documents"
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False).loss.item()
+        unpacked = model(input_ids=ids, labels=ids, use_cache=False).loss.item()
+    first = _step_losses(out)[1]
+    assert _close(first, packed), (first, packed)
+    assert not _close(first, unpacked, 1e-4), (first, unpacked)

@@ -27,7 +27,7 @@ from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_IN
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import KEY_PADDING_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import DOCUMENTS_ATTR, KEY_PADDING_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.runtime import attention, collectives
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
@@ -214,7 +214,11 @@ class _Emitter:
             raise DiagnosticError.at(op, f"has no PyTorch operator torch.ops.{'.'.join(parts[1:])} "
                                          f"(torch {torch.__version__})")
         args, kwargs = _place_arguments(op, target, operands)
-        if name == SDPA_OP and WINDOW_ATTR in op.attributes:  # a proven causal sliding window
+        if name == SDPA_OP and DOCUMENTS_ATTR in op.attributes:  # proven causal (or window) within documents
+            target = attention.document_attention  # (its mask operand: the document ids)
+            if WINDOW_ATTR in op.attributes:
+                kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
+        elif name == SDPA_OP and WINDOW_ATTR in op.attributes:  # a proven causal sliding window
             target = attention.sliding_window_attention  # (its mask operand: key padding, or none)
             kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
         elif name == SDPA_OP and KEY_PADDING_ATTR in op.attributes:  # proven causal + key padding

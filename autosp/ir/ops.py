@@ -21,6 +21,9 @@ KEPT_MASK_ATTR = "autosp.mask_kept"
 # On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] key padding mask, and-ed with
 # the causal (or windowed) structure.
 KEY_PADDING_ATTR = "autosp.key_padding"
+# On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] integer tensor of document
+# ids; query i sees key j only within its document (and-ed with the causal or windowed structure).
+DOCUMENTS_ATTR = "autosp.documents"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")

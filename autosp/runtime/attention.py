@@ -13,10 +13,21 @@ mask (transformers' causal + padding mask, which it builds as [B, 1, S, S]): on 
 fused kernel call with ``is_causal`` and the broadcast mask, O(S) bytes. (On CUDA the
 padding is combined with an S x S causal bias: correct, not yet memory-saving.)
 
+
+
+:func:`document_attention` is causal attention (or a causal sliding window) within
+documents: query ``i`` of row ``b`` sees key ``j`` only if ``docs[b, i] == docs[b, j]``
+(transformers' packed sequences, whose mask it builds as [B, 1, S, S] from
+``position_ids``). Each document runs on its own as a fused causal kernel over its slice
+of the sequence (variable-length attention, as flash attention's ``cu_seqlens`` does), so
+neither the forward nor the backward ever holds more than one document's outputs and
+log-sum-exp: O(S) bytes.
+
 Example::
 
     >>> out = sliding_window_attention(q, k, v, is_causal=True, window=4096)   # q: [B, H, S, D]
     >>> out = key_padded_causal_attention(q, k, v, pad[:, None, None, :], is_causal=True)
+    >>> out = document_attention(q, k, v, doc_ids[:, None, None, :], is_causal=True)
 """
 from __future__ import annotations
 
@@ -99,3 +110,71 @@ def sliding_window_attention(query, key, value, attn_mask=None, dropout_p=0.0, i
         outs.append(_attend(query[..., start:stop, :], key[..., lo:stop, :], value[..., lo:stop, :],
                             mask, scale, enable_gqa))
     return torch.cat(outs, dim=-2)
+
+
+def _causal(q, k, v, scale, enable_gqa, window):
+    """Causal attention over one document (windowed when it is longer than ``window``)."""
+    if window is not None and q.shape[-2] > window:
+        return sliding_window_attention(q, k, v, scale=scale, enable_gqa=enable_gqa, window=window)
+    if q.device.type == "cpu":
+        return _attend(q, k, v, None, scale, enable_gqa, causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+
+
+def _documents(ids: torch.Tensor) -> tuple[list, bool]:
+    """The documents of one row of ids: ``(spans, contiguous)``. Contiguous: each id is
+    one run and ``spans`` are its ``(start, stop)``; otherwise ``spans`` are the positions
+    (a LongTensor) of each distinct id, in increasing order."""
+    s = ids.numel()
+    starts = (torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist()  # one host sync
+    bounds = [0] + starts + [s]
+    runs = list(zip(bounds[:-1], bounds[1:]))
+    if len(runs) == 1 or torch.unique(ids).numel() == len(runs):
+        return runs, True
+    return [torch.nonzero(ids == u).flatten() for u in torch.unique(ids)], False
+
+
+def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
+                       enable_gqa=False, *, window: int | None = None):
+    """Causal attention within documents: ``attn_mask`` is a [B, 1, 1, S] (or [1, 1, 1, S])
+    integer tensor of document ids and query ``i`` of row ``b`` sees key ``j`` only if
+    ``j <= i`` (and ``i - j < window`` with a window) and ``attn_mask[b, 0, 0, i] ==
+    attn_mask[b, 0, 0, j]``. Same result as SDPA with the [B, 1, S, S] mask that
+    describes, in O(S) bytes (module docstring). A document need not be contiguous (its
+    positions are gathered), except with a window.
+
+    On the meta device (the memory model) the ids have no values: it runs as one
+    document, which keeps the same bytes for backward as any split into documents."""
+    if dropout_p != 0.0 or not is_causal:
+        raise ValueError("document_attention: no dropout, is_causal=True")
+    if attn_mask is None or attn_mask.dim() != 4 or attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1 \
+            or attn_mask.shape[-1] != query.shape[-2] or attn_mask.dtype.is_floating_point or attn_mask.dtype == torch.bool:
+        raise ValueError(f"document_attention: document ids are an integer [B, 1, 1, S] tensor with S = "
+                         f"{query.shape[-2]}, got {None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)}")
+    if window is not None and window < 1:
+        raise ValueError(f"document_attention: window must be >= 1, got {window}")
+    if query.device.type == "meta":
+        return _causal(query, key, value, scale, enable_gqa, window)
+    ids = attn_mask[:, 0, 0, :]
+    same_rows = ids.shape[0] == 1 or bool((ids == ids[:1]).all())
+    rows = [slice(None)] if same_rows else [slice(b, b + 1) for b in range(query.shape[0])]
+    outs = []
+    for row in rows:
+        q, k, v = query[row], key[row], value[row]
+        spans, contiguous = _documents(ids[0] if same_rows else ids[row][0])
+        if contiguous:
+            if len(spans) == 1:
+                outs.append(_causal(q, k, v, scale, enable_gqa, window))
+                continue
+            outs.append(torch.cat([_causal(q[..., a:z, :], k[..., a:z, :], v[..., a:z, :], scale, enable_gqa, window)
+                                   for a, z in spans], dim=-2))
+            continue
+        if window is not None:
+            raise ValueError("document_attention: a sliding window over a document whose tokens are not "
+                             "contiguous (its positions are not one run) is not supported")
+        # Gathered in increasing order, "k <= q" within a document is causal in the gathered order.
+        parts = [_causal(q.index_select(-2, p), k.index_select(-2, p), v.index_select(-2, p), scale, enable_gqa, None)
+                 for p in spans]
+        order = torch.cat(spans)
+        outs.append(torch.cat(parts, dim=-2).index_select(-2, torch.argsort(order)))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -102,7 +102,7 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -114,7 +114,10 @@ class LlamaAttention(nn.Module):
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -138,17 +141,19 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class LlamaLike(nn.Module):
     """Llama-style decoder: RMSNorm, RoPE, SwiGLU, GQA, tied embeddings, loss inside.
 
-    ``forward(input_ids, labels=None, position_ids=None)`` returns a dict with
-    ``logits`` and, when labels are given, ``loss`` (labels shifted inside, as
-    Hugging Face does, with ``ignore_index=-100``).
+    ``forward(input_ids, labels=None, position_ids=None, document_ids=None)`` returns a
+    dict with ``logits`` and, when labels are given, ``loss`` (labels shifted inside, as
+    Hugging Face does, with ``ignore_index=-100``). ``document_ids`` ([B, S] integers,
+    packed documents) restrict attention to keys of the query's own document: the mask is
+    built as a hand-written model would, ``same document & tril``.
     """
 
     def __init__(self, cfg: LlamaConfig):
@@ -163,14 +168,18 @@ class LlamaLike(nn.Module):
             self.lm_head.weight = self.embed.weight
         init_weights(self)
 
-    def forward(self, input_ids, labels=None, position_ids=None):
+    def forward(self, input_ids, labels=None, position_ids=None, document_ids=None):
         b, s = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rope(position_ids)
+        mask = None
+        if document_ids is not None:  # [B, 1, S, S]: causal within each document
+            same = document_ids[:, None, :, None] == document_ids[:, None, None, :]
+            mask = same & torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
         x = self.embed(input_ids)
         for blk in self.blocks:
-            x = blk(x, cos, sin)
+            x = blk(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
         out = {"logits": logits}
         # The loss is computed in fp32 whatever the model's dtype, as transformers does: a
