@@ -127,11 +127,14 @@ def _loss_of(out):
 
 class MemoryModel:
     """One model compiled for the memory model; :meth:`estimate` at any sequence length
-    (the program is symbolic in S, so it is compiled once)."""
+    (the program is symbolic in S, so it is compiled once). ``inputs``: a function of the
+    meta input ids returning more keyword arguments of the call (position_ids, a mask);
+    data-dependent kernels see no values there (documents run as one document, which
+    keeps the same bytes)."""
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
-                 fsdp: int = 1):
+                 fsdp: int = 1, inputs=None):
         from autosp.api import CHECKPOINTING, build_program
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
@@ -143,6 +146,7 @@ class MemoryModel:
         self.model = _meta_model(model_or_config, dtype)
         self.sp_size, self.dtype, self.checkpointing, self.batch, self.rank = sp_size, dtype, checkpointing, batch, rank
         self.optimizer = optimizer
+        self.inputs = inputs
         example = torch.zeros(batch, max(16, 4 * sp_size), dtype=torch.long, device="meta")
         start = time.perf_counter()
         with collectives.simulate(sp_size, rank or 0):
@@ -173,10 +177,14 @@ class MemoryModel:
 
     def _kwargs(self, ids: torch.Tensor) -> dict:
         """The step's keyword arguments: labels (and, for a Hugging Face model whose config
-        enables the key/value cache, ``use_cache=False``: training keeps no cache)."""
+        enables the key/value cache, ``use_cache=False``: training keeps no cache), then
+        ``inputs(ids)`` if given (e.g. ``position_ids`` and an ``attention_mask`` on the
+        meta device: the way a trainer calls the model)."""
         kwargs: dict = {"labels": ids}
         if getattr(getattr(self.model, "config", None), "use_cache", None) is not None:
             kwargs["use_cache"] = False
+        if self.inputs is not None:
+            kwargs.update(self.inputs(ids))
         return kwargs
 
     def _state(self) -> tuple[int, int, int]:

@@ -1,16 +1,24 @@
 """Bytes kept for backward per rank by the attention masks of the ways trainers call a
 model, before and after the compiler recognises them.
 
-    python bench/masks_memory.py [--seqs 1024 4096 16384] [--world 2]
+    python bench/masks_memory.py [--measured 4096 16384] [--simulated 65536] [--world 2]
 
-Model: a Hugging Face Llama (hidden 64, 2 layers, 4 heads / 2 KV heads; Mistral with a
-sliding window of 256 for the window rows), fp32, batch 1, SP over ``--world`` gloo ranks.
-Calls: ``attention_mask`` all ones, right padding (a quarter of the row), a sliding window,
-and ``position_ids`` without a mask (transformers then builds packed-document masks).
-"Before": every mask kept materialised (the fold disabled); "after": what the compiler
-does. Measured on rank 0 with :class:`autosp.memory.SavedTensors` (parameters excluded):
-one forward at each length, the compiled program reused across lengths. Prints a table
-and appends it to bench/RESULTS.md.
+Models: Hugging Face Llama / Mistral (sliding window 256) / GPT-2 (eager attention),
+hidden 64, 2 layers, 4 heads (Llama/Mistral: 2 KV heads), fp32, batch 1, SP over
+``--world`` ranks. Calls:
+
+- ``position_ids`` + ``attention_mask`` all ones, and + right padding (a quarter of the row);
+- packed documents: ``position_ids`` restarting every 1024 tokens, no mask;
+- Mistral's sliding window with ``position_ids`` + all-ones mask;
+- GPT-2 eager (matmul-softmax attention) with ``position_ids`` + right padding.
+
+"Before": what the compiler did before it proved these masks (every mask kept
+materialised, hand-written attention left as written); "after": what it does now. The
+``--measured`` lengths run on gloo ranks and count with :class:`autosp.memory.SavedTensors`
+on rank 0 (one forward, the compiled program reused across lengths); the ``--simulated``
+lengths run the same compiled program on the meta device with the memory model
+(:class:`autosp.estimate.MemoryModel`, rank 0), as do measured cells that would not fit
+this machine (marked "sim"). Prints a table and appends it to bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -25,12 +33,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
 
-CALLS = ("attention_mask all ones", "right padding", "sliding window 256", "position_ids (packed detection)")
+CALLS = ("position_ids + attention_mask all ones", "position_ids + right padding", "packed documents (position_ids)",
+         "sliding window 256 (Mistral)", "GPT-2 eager + right padding")
 MiB = 1 << 20
+# Cells measured on real ranks only below this many bytes kept per rank (24 GiB machine).
+REAL_LIMIT = 6 << 30
 
 
-def _model(call: str):
+def _model(call: str, device: str = "cpu"):
     import transformers
+    if call.startswith("GPT-2"):
+        config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=1 << 17,
+                                         attn_implementation="eager", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                         use_cache=False)
+        return transformers.GPT2LMHeadModel(config)
     family = "Mistral" if "window" in call else "Llama"
     kwargs = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=1 << 17, use_cache=False, attn_implementation="sdpa")
@@ -39,69 +55,103 @@ def _model(call: str):
     return getattr(transformers, family + "ForCausalLM")(getattr(transformers, family + "Config")(**kwargs))
 
 
-def _inputs(call: str, seq: int):
-    ids = torch.randint(0, 128, (1, seq), generator=torch.Generator().manual_seed(seq))
-    kwargs = {"labels": ids.clone(), "use_cache": False}
-    if "attention_mask" in call or "padding" in call:
-        mask = torch.ones(1, seq, dtype=torch.long)
-        if "padding" in call:
-            mask[0, -seq // 4:] = 0
-            kwargs["labels"][mask == 0] = -100
-        kwargs["attention_mask"] = mask
-    if "position_ids" in call:
-        kwargs["position_ids"] = torch.arange(seq)[None]
-    return ids, kwargs
+def _call_kwargs(call: str, ids: torch.Tensor) -> dict:
+    """The call's keyword arguments besides input_ids and labels, for ids [1, S] (any device)."""
+    seq, device = ids.shape[-1], ids.device
+    if "packed" in call:
+        return {"position_ids": (torch.arange(seq, device=device) % 1024)[None]}
+    mask = torch.ones(1, seq, dtype=torch.long, device=device)
+    if "padding" in call and device.type != "meta":
+        mask[0, -seq // 4:] = 0
+    return {"position_ids": torch.arange(seq, device=device)[None], "attention_mask": mask}
+
+
+def _disable_recognition() -> None:
+    """The compiler before it proved these masks: every mask kept, manual attention unfused."""
+    from autosp.passes import causal_mask, fuse_attention
+    original = causal_mask.prove_causal
+
+    def causal_only(sdpa):
+        proof = original(sdpa)
+        if proof.causal:
+            return proof
+        return causal_mask.MaskProof(False, "disabled by the benchmark")
+    causal_mask.prove_causal = causal_only
+    fuse_attention.fuse_attention = lambda module: 0
 
 
 def measure(rank, world, queue, call, seqs, before):
     import autosp
     from autosp.memory import SavedTensors
-    if before:  # every mask kept, as before the compiler recognised windows and padding
-        from autosp.passes import causal_mask
-        causal_mask._window_of = lambda *a: None
-        original = causal_mask.prove_causal
-
-        def no_padding(sdpa):
-            proof = original(sdpa)
-            if proof.key_padding is not None or proof.window is not None:
-                return causal_mask.MaskProof(False, "disabled by the benchmark")
-            return proof
-        causal_mask.prove_causal = no_padding
+    if before:
+        _disable_recognition()
     torch.manual_seed(0)
     model = _model(call)
     compiled = autosp.compile(model)
     out = []
     for seq in seqs:
-        ids, kwargs = _inputs(call, seq)
+        ids = torch.randint(0, 128, (1, seq), generator=torch.Generator().manual_seed(seq))
         with SavedTensors(list(model.parameters())) as counter:
-            compiled(input_ids=ids, **kwargs)
+            compiled(input_ids=ids, labels=ids, use_cache=False, **_call_kwargs(call, ids))
         out.append(counter.bytes)
     queue.put((rank, out))
 
 
+def simulate(rank, world, queue, call, seqs, before, sp):
+    from autosp.estimate import MemoryModel
+    if before:
+        _disable_recognition()
+    torch.manual_seed(0)
+    model = MemoryModel(_model(call), sp_size=sp, dtype=torch.float32, rank=0,
+                        inputs=lambda ids: _call_kwargs(call, ids))
+    queue.put((rank, [model.estimate(seq).saved_bytes for seq in seqs]))
+
+
+def _kept_before(call: str, seq: int, world: int) -> int:
+    """A rough upper bound of the bytes a measured "before" run keeps (to route huge cells to
+    the memory model): the [S, S] mask, and for eager attention the scores of its heads."""
+    per_layer = seq * seq * (4 if call.startswith("GPT-2") else 1)
+    if call.startswith("GPT-2"):
+        per_layer *= 2 * 4 // world  # scores and probabilities of each rank's heads
+    return 2 * per_layer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--measured", type=int, nargs="*", default=[4096, 16384])
+    parser.add_argument("--simulated", type=int, nargs="*", default=[65536])
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--calls", nargs="*", default=list(CALLS), help="a subset of the calls (by prefix)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    head = " | ".join(f"S={s}: before / after MiB" for s in args.seqs)
-    rows = [f"| call | {head} | growth from S={args.seqs[-2]} to S={args.seqs[-1]}: before / after |",
-            "|---|" + "---|" * (len(args.seqs) + 1)]
+    seqs = args.measured + args.simulated
+    head = " | ".join(f"S={s // 1024}K{'' if s in args.measured else ' (sim)'}" for s in seqs)
+    rows = [f"| call: MiB kept per rank, before -> after | {head} | growth x4 length, after |",
+            "|---|" + "---|" * (len(seqs) + 1)]
     print(rows[0], flush=True)
-    for call in CALLS:
-        found = {}
-        for before in (True, False):
-            found[before] = run_ranks(measure, args.world, args=(call, args.seqs, before), timeout=1800, fresh=True)[0]
-        cells = " | ".join(f"{b / MiB:.1f} / {a / MiB:.1f}" for b, a in zip(found[True], found[False]))
-        ratio = args.seqs[-1] / args.seqs[-2]
-        grow = [found[x][-1] / found[x][-2] for x in (True, False)]
-        rows.append(f"| {call} | {cells} | x{grow[0]:.2f} / x{grow[1]:.2f} (length x{ratio:g}) |")
+    calls = [c for c in CALLS if any(c.startswith(p) for p in args.calls)]
+    for call in calls:
+        cells, after = [], []
+        for seq in seqs:
+            found, tags = {}, ""
+            for before in (True, False):
+                real = seq in args.measured and (not before or _kept_before(call, seq, args.world) < REAL_LIMIT)
+                body = measure if real else simulate
+                found[before] = run_ranks(body, args.world if real else 1,
+                                          args=(call, [seq], before) + (() if real else (args.world,)),
+                                          timeout=3600, fresh=True)[0][0]
+                if not real and seq in args.measured:
+                    tags = " (before: sim)"
+            after.append(found[False])
+            cells.append(f"{found[True] / MiB:.1f} -> {found[False] / MiB:.1f}{tags}")
+        growth = " ".join(f"x{b / a:.2f}" for a, b in zip(after, after[1:]))
+        rows.append(f"| {call} | {' | '.join(cells)} | {growth} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if not args.no_write:
-        append_section("Attention masks: bytes kept for backward per rank, before / after recognition",
-                       f"HF Llama/Mistral hidden 64, 2 layers, fp32, batch 1, P={args.world}, rank 0", table)
+        append_section("Attention masks of trainer calls: bytes kept for backward per rank, before -> after",
+                       f"HF Llama/Mistral/GPT-2 hidden 64, 2 layers, fp32, batch 1, P={args.world}, rank 0; "
+                       "(sim): the memory model on the meta device", table)
 
 
 if __name__ == "__main__":

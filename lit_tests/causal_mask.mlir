@@ -748,3 +748,40 @@ func.func @segment_ids_and_tril(%arg0: !torch.vtensor<[2,2,16,8],f32>, %arg1: !t
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
   return %0 : !torch.vtensor<[2,2,16,8],f32>
 }
+
+// -----
+
+// Causal + key padding as eager attention's additive mask (0 / finfo.min): recognised, and a
+// query whose keys are all padded keeps eager's answer (equal scores: uniform softmax):
+// autosp.empty_rows = "uniform".
+// CHECK-LABEL: func.func @additive_key_padding_empty_rows_uniform
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[0-9]+}}, %{{[^,]*}}, %true, %none, %false {autosp.empty_rows = "uniform", autosp.key_padding}
+func.func @additive_key_padding_empty_rows_uniform(%arg0: !torch.vtensor<[2,2,16,8],f32>, %arg1: !torch.vtensor<[2,16],i1>) -> !torch.vtensor<[2,2,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %min = torch.constant.float -3.4028234663852886E+38
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %int16 = torch.constant.int 16
+  %cpu = torch.constant.device "cpu"
+  %b = torch.aten.arange.start_step %int0, %int2, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[2],si64>
+  %b1 = torch.aten.unsqueeze %b, %int1 : !torch.vtensor<[2],si64>, !torch.int -> !torch.vtensor<[2,1],si64>
+  %b2 = torch.aten.unsqueeze %b1, %int2 : !torch.vtensor<[2,1],si64>, !torch.int -> !torch.vtensor<[2,1,1],si64>
+  %b3 = torch.aten.unsqueeze %b2, %int3 : !torch.vtensor<[2,1,1],si64>, !torch.int -> !torch.vtensor<[2,1,1,1],si64>
+  %pos = torch.aten.arange.start_step %int0, %int16, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[16],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[16],si64>, !torch.int -> !torch.vtensor<[1,16],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int1 : !torch.vtensor<[1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16],si64>
+  %rows = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,16,1],si64>
+  %cols = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,16],si64>, !torch.int -> !torch.vtensor<[1,1,1,16],si64>
+  %causal = torch.aten.le.Tensor %cols, %rows : !torch.vtensor<[1,1,1,16],si64>, !torch.vtensor<[1,1,16,1],si64> -> !torch.vtensor<[1,1,16,16],i1>
+  %list = torch.prim.ListConstruct %b3, %cols : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,16],si64>) -> !torch.list<vtensor>
+  %kp = torch.aten.index.Tensor_hacked_twin %arg1, %list : !torch.vtensor<[2,16],i1>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,16],i1>
+  %allowed = torch.aten.bitwise_and.Tensor %causal, %kp : !torch.vtensor<[1,1,16,16],i1>, !torch.vtensor<[2,1,1,16],i1> -> !torch.vtensor<[2,1,16,16],i1>
+  %m = torch.aten.where.Scalar %allowed, %float0, %min : !torch.vtensor<[2,1,16,16],i1>, !torch.float, !torch.float -> !torch.vtensor<[2,1,16,16],f32>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
+  return %0 : !torch.vtensor<[2,2,16,8],f32>
+}

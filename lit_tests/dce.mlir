@@ -34,6 +34,7 @@ func.func @dead_chain(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[
 // CHECK:         %[[S0:.*]] = torch.symbolic_int "s0"
 // CHECK-NEXT:    torch.bind_symbolic_shape %arg0, [%[[S0]]]
 // CHECK-NOT:     torch.aten.neg
+// CHECK-NOT:     torch.aten.exp
 // CHECK-NOT:     torch.bind_symbolic_shape
 // CHECK:         return %arg0
 func.func @dead_symbolic_shape(%arg0: !torch.vtensor<[?,8],f32>) -> !torch.vtensor<[?,8],f32> {
@@ -41,6 +42,10 @@ func.func @dead_symbolic_shape(%arg0: !torch.vtensor<[?,8],f32>) -> !torch.vtens
   torch.bind_symbolic_shape %arg0, [%0], affine_map<()[s0] -> (s0, 8)> : !torch.vtensor<[?,8],f32>
   %1 = torch.aten.neg %arg0 : !torch.vtensor<[?,8],f32> -> !torch.vtensor<[?,8],f32>
   torch.bind_symbolic_shape %1, [%0], affine_map<()[s0] -> (s0, 8)> : !torch.vtensor<[?,8],f32>
+  // Bound twice (the importer does that for softmax): both bindings and the value are dead.
+  %2 = torch.aten.exp %arg0 : !torch.vtensor<[?,8],f32> -> !torch.vtensor<[?,8],f32>
+  torch.bind_symbolic_shape %2, [%0], affine_map<()[s0] -> (s0, 8)> : !torch.vtensor<[?,8],f32>
+  torch.bind_symbolic_shape %2, [%0], affine_map<()[s0] -> (s0, 8)> : !torch.vtensor<[?,8],f32>
   return %arg0 : !torch.vtensor<[?,8],f32>
 }
 

@@ -10,6 +10,7 @@ from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
+from autosp.passes.fuse_attention import FuseAttention
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 from autosp.passes.sp_pipeline import SequenceParallelPipeline
@@ -21,6 +22,7 @@ PASSES: dict[str, type[ModulePass]] = {
         CausalMask,
         Checkpoint,
         DeadCodeElimination,
+        FuseAttention,
         PartitionAttention,
         SequenceParallelPipeline,
         ShardSequence,

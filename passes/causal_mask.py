@@ -62,7 +62,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, main_func, op_name
-from autosp.ir.ops import DOCUMENTS_ATTR, KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -891,6 +891,10 @@ class MaskProof:
     window: int | None = None
     key_padding: object = None  # a [B, S] boolean ir.Value: key j of batch b is visible iff it is true
     documents: object = None  # a [B, S] integer ir.Value: query i sees key j only if doc[b, i] == doc[b, j]
+    # "uniform": the mask is additive with a finite masking constant, so a query row whose
+    # keys are all padded gets the same score everywhere: softmax is uniform over every key
+    # (eager attention's answer), not the zeros a boolean mask gives.
+    empty_rows: str | None = None
 
 
 def _window_of(allowed, q: int, k: int) -> int | None:
@@ -932,6 +936,7 @@ def prove_causal(sdpa) -> MaskProof:
         return MaskProof(False, "mask computation too deep")
     q, k = value.rank - 2, value.rank - 1
     causal = ("ge", Lin.of({q: 1, k: -1}))
+    finite: bool | None = False
     if isinstance(value, BoolTensor):
         allowed = value.formula
     else:  # additive: 0 where allowed, a value that underflows softmax to 0 elsewhere
@@ -942,6 +947,10 @@ def prove_causal(sdpa) -> MaskProof:
         if bad:
             return MaskProof(False, f"additive mask with values other than 0 and a masking constant: {bad}")
         allowed = f_or(*[f for f, c in value.pieces if c == 0.0])
+        masked = {c for _, c in value.pieces if c != 0.0}
+        finite = len(masked) == 1 and math.isfinite(next(iter(masked)))
+        if finite and abs(next(iter(masked))) < 1e30:
+            finite = None  # score + c need not round to c (fp16): an empty row is not uniform
     if allowed == causal:
         return MaskProof(True, "k <= q")
     # Key padding: a conjunct pad[b, k] with pad a [B, S] boolean tensor read at the mask's
@@ -982,8 +991,14 @@ def prove_causal(sdpa) -> MaskProof:
         return MaskProof(False, f"{structure} within documents {documents.get_name()}[b, q] == "
                          f"{documents.get_name()}[b, k]", window=window, documents=documents)
     if structure is not None and padding is not None:
+        # Causal, windows and documents always allow the diagonal; key padding may leave a row
+        # empty (left padding), where an additive mask's answer differs from a boolean one.
+        if finite is None:
+            return MaskProof(False, f"{structure} and key padding with an additive mask whose masking constant "
+                                    "is too small for an all-padded row's softmax to be uniform")
+        empty = "uniform" if isinstance(value, FloatTensor) and finite else None
         return MaskProof(False, f"{structure} and key padding {padding.get_name()}[b, k]", window=window,
-                         key_padding=padding)
+                         key_padding=padding, empty_rows=empty)
     if window is not None:
         return MaskProof(False, f"q - {window} < k <= q", window=window)
     reason = f"formula is not k <= q: {format_formula(allowed)}"
@@ -1187,6 +1202,8 @@ def fold_causal_masks(module) -> int:
         op.operands[5] = true
         if proof.key_padding is not None:
             op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
+        if proof.empty_rows is not None:
+            op.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(proof.empty_rows)
         if proof.documents is not None:
             op.attributes[DOCUMENTS_ATTR] = ir.UnitAttr.get()
         if proof.window is not None:

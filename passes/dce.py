@@ -52,7 +52,7 @@ def _is_dead(op) -> bool:
         return False
     if name == ops.BIND_SHAPE:
         value = op.operands[0]
-        return all(u.owner == op.operation for u in value.uses)
+        return all(op_name(u.owner) == ops.BIND_SHAPE for u in value.uses)  # (a value may have several)
     results = op.results
     return len(results) > 0 and all(len(list(r.uses)) == 0 for r in results)
 

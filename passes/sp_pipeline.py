@@ -13,6 +13,7 @@ from autosp.ir.pass_base import ModulePass, PassOptionError
 from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.dce import DeadCodeElimination
+from autosp.passes.fuse_attention import FuseAttention
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 
@@ -21,7 +22,8 @@ from autosp.passes.shard_sequence import ShardSequence
 class SequenceParallelPipeline(ModulePass):
     """Make a torch-dialect model sequence-parallel over sp-size ranks (Ulysses).
 
-    Runs ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
+    Runs ``autosp-fuse-attention`` (hand-written softmax attention proven exact becomes
+    SDPA), ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
     ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
@@ -51,7 +53,7 @@ class SequenceParallelPipeline(ModulePass):
         """The sub-passes, run (and dumped, and reproduced) one by one by the pipeline."""
         if self.sp_size <= 1:
             return [DeadCodeElimination()]
-        return [CausalMask(), DeadCodeElimination(), AnnotateSequence(),
+        return [FuseAttention(), CausalMask(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group),
                 ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
                 DeadCodeElimination()]

@@ -17,41 +17,6 @@ def _torchrun(*args, ranks=2, timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_verify_run_of_a_hugging_face_directory_with_fsdp_on_a_text_file_matches_and_learns(tmp_path):
-    """A local Hugging Face model directory (config + safetensors, nothing downloaded),
-    FSDP2 over both ranks, a text file as data: each step's loss matches the single-device
-    model's, the first one the saved weights' own loss, and the loss goes down."""
-    import argparse
-
-    transformers = __import__("pytest").importorskip("transformers")
-    train = _load_train()
-    torch = train.torch
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(config)
-    model.save_pretrained(tmp_path / "hf")  # config.json + model.safetensors
-    assert (tmp_path / "hf" / "model.safetensors").is_file()
-    data = tmp_path / "corpus.txt"
-    data.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    run = _torchrun("--model", str(tmp_path / "hf"), "--fsdp", "--steps", "6", "--seq", "63", "--verify",
-                    "--data", str(data))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    out = run.stdout
-    assert "1 data-parallel x 2 sequence-parallel" in out
-    assert "Hugging Face 'llama'" in out and "VERIFY PASSED" in out
-    assert "FSDP on (fully_shard on 2 blocks + the root" in out
-    diff = float(re.search(r"max \|loss - single-device loss\|\s+(\S+)", out).group(1))
-    assert diff <= 1e-4
-    first, last = map(float, re.search(r"loss first -> last\s+(\S+) -> (\S+)", out).groups())
-    assert last < first, "the loss must go down"
-    assert len(re.findall(r"^step +\d+/6", out, flags=re.M)) == 6
-    ids = train.make_batch(0, argparse.Namespace(seed=0, batch=2, seq=63), 256, train.load_tokens(str(data), 256), 0)
-    with torch.no_grad():
-        expected = model(input_ids=ids, labels=ids).loss.item()
-    assert _close(_step_losses(out)[1], expected), (_step_losses(out), expected)
-
-
 def test_bad_sp_size():
     # What torchrun gives each of 2 ranks; the check runs before any process group exists
     # (so every rank fails alike), and one process sees it as a torchrun rank would.
@@ -429,11 +394,13 @@ def test_pack_documents_of_text_and_tokenised_files_and_its_option_errors(tmp_pa
     assert train.parse_args([*model, "--pack", "--doc-sep", "0", "--data", str(tmp_path / "tokens.npy")]).pack
 
 
-def test_pack_verify_run_on_two_ranks_matches_the_packed_single_device_loss(tmp_path):
-    """torchrun, 2 ranks, a Hugging Face directory, --pack on a text file of paragraphs at
-    --seq 63 (odd): verify passes, each step reports the documents make_packed_batch packs,
-    and the first loss is the saved weights' packed loss (position_ids and labels reached
-    the model), not the unpacked one (the control)."""
+def test_pack_verify_run_of_a_hugging_face_directory_with_fsdp_matches_and_learns(tmp_path):
+    """torchrun, 2 ranks, a local Hugging Face model directory (config + safetensors,
+    nothing downloaded), FSDP2 over both ranks, --pack on a text file of paragraphs at
+    --seq 63 (odd): verify passes (each step's loss matches the single-device model's), the
+    loss goes down, each step reports the documents make_packed_batch packs, the packed mask
+    is recognised (no S x S mask kept), and the first loss is the saved weights' packed loss
+    (position_ids and labels reached the model), not the unpacked one (the control)."""
     import argparse
 
     transformers = __import__("pytest").importorskip("transformers")
@@ -444,21 +411,25 @@ def test_pack_verify_run_on_two_ranks_matches_the_packed_single_device_loss(tmp_
     model.save_pretrained(tmp_path / "hf")
     data = tmp_path / "corpus.txt"
     data.write_text(_paragraphs(40))
-    run = _torchrun("--model", str(tmp_path / "hf"), "--pack", "--data", str(data), "--seq", "63", "--steps", "3",
-                    "--verify")
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    run = _torchrun("--model", str(tmp_path / "hf"), "--fsdp", "--pack", "--data", str(data), "--seq", "63",
+                    "--steps", "4", "--verify")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     out = run.stdout
     assert "1 data-parallel x 2 sequence-parallel" in out and "VERIFY PASSED" in out, out
+    assert "Hugging Face 'llama'" in out and "FSDP on (fully_shard on 2 blocks + the root" in out, out
+    first_loss, last_loss = map(float, re.search(r"loss first -> last\s+(\S+) -> (\S+)", out).groups())
+    assert last_loss < first_loss, "the loss must go down"
     assert "keeps its" not in run.stderr, "the packed-documents mask is recognised, not kept S x S"
     docs = train.load_documents(str(data), 256, 63)
     assert f"packing: {docs.summary} | rows of 63 tokens" in out, out
     diff = float(re.search(r"max \|loss - single-device loss\|\s+(\S+)", out).group(1))
     assert diff <= 1e-4, out
     batches = [train.make_packed_batch(step, argparse.Namespace(seed=0, batch=2, seq=63), 256, docs, 0)
-               for step in range(3)]
-    printed = [int(n) for n in re.findall(r"^step +\d+/3 \| loss +\S+ \| +(\d+) docs", out, flags=re.M)]
+               for step in range(4)]
+    printed = [int(n) for n in re.findall(r"^step +\d+/4 \| loss +\S+ \| +(\d+) docs", out, flags=re.M)]
     assert printed == [b[3] for b in batches], (printed, out)
-    assert f"documents packed                  {sum(printed)} in 6 rows" in out, out
+    assert f"documents packed                  {sum(printed)} in 8 rows" in out, out
     ids, position_ids, labels, _ = batches[0]
     assert int((position_ids == 0).sum()) > 2, "the control needs rows holding several documents"
     with torch.no_grad():

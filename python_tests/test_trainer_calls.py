@@ -9,7 +9,9 @@ Call conventions (HF Trainer, TRL, Accelerate, packing collators):
   ``attention_mask`` (transformers builds per-document masks from the ``position_ids``
   resets; autosp's own Llama-style model builds ``same document & tril`` from
   ``document_ids`` by hand);
-- Mistral's sliding window (8) is smaller than every S here.
+- Mistral's sliding window (8) is smaller than every S here;
+- GPT-2 with eager (matmul-softmax) attention and a padding mask: the attention is fused
+  into SDPA (``autosp-fuse-attention``), then its mask is recognised like any other.
 
 Every configuration is compared with single-device eager on the full sequence (loss, gathered
 logits, every gradient), trained three AdamW steps beside it, and its masks must be
@@ -34,9 +36,10 @@ WINDOW = 8
 
 CONFIGS = {
     2: [("llama", "ones", 16), ("llama", "packed", 15), ("qwen2", "left", 15), ("mistral", "right", 16),
-        ("mistral", "left", 15), ("mistral", "packed", 16), ("llamalike", "packed", 15), ("prefix_lm", "plain", 16)],
+        ("mistral", "left", 15), ("mistral", "packed", 16), ("llamalike", "packed", 15), ("gpt2_eager", "right", 15),
+        ("prefix_lm", "plain", 16)],
     4: [("llama", "left", 33), ("llama", "right", 32), ("qwen2", "ones", 32), ("qwen2", "right", 33),
-        ("qwen2", "packed", 33), ("mistral", "ones", 33)],
+        ("qwen2", "packed", 33), ("mistral", "ones", 33), ("gpt2_eager", "left", 32)],
 }
 
 
@@ -65,6 +68,10 @@ class PrefixLM(torch.nn.Module):
 def _model(family: str):
     if family == "prefix_lm":
         return PrefixLM()
+    if family == "gpt2_eager":  # manual attention: fused into SDPA, then its mask recognised
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512, attn_implementation="eager",
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
     if family == "llamalike":
         from autosp.testing.models import LlamaConfig, LlamaLike
         return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=64, layers=2, heads=4, kv_heads=2))
@@ -196,12 +203,16 @@ def _ignore_documents_body(rank, world, queue, seed):
     def causal_only(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=False, window=None):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                                                 enable_gqa=enable_gqa)
-    attention.document_attention = causal_only
-    queue.put((rank, _run_config("llama", "packed", 16, seed, ignore_documents=True)))
+    original = attention.document_attention
+    attention.document_attention = causal_only  # the emitter looks it up when it emits this model
+    try:
+        queue.put((rank, _run_config("llama", "packed", 16, seed, ignore_documents=True)))
+    finally:  # the ranks are pooled: later tests get the real kernel back
+        attention.document_attention = original
 
 
 def test_attention_across_documents_breaks_parity(_fresh_seed):
     """Negative control: the packed call with the documents dropped (causal over the row) fails."""
-    results = run_ranks(_ignore_documents_body, 2, args=(_fresh_seed % 10000,), timeout=300, fresh=True)
+    results = run_ranks(_ignore_documents_body, 2, args=(_fresh_seed % 10000,), timeout=300)
     for rank, r in results.items():
         assert r["documents"] == 2 and r["outputs"] > 100 * TOL, (rank, r)

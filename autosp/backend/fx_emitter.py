@@ -27,7 +27,7 @@ from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_IN
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import DOCUMENTS_ATTR, KEY_PADDING_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.ops import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.runtime import attention, collectives
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
@@ -223,6 +223,8 @@ class _Emitter:
             kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
         elif name == SDPA_OP and KEY_PADDING_ATTR in op.attributes:  # proven causal + key padding
             target = attention.key_padded_causal_attention
+        if name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes:
+            kwargs["empty_rows"] = _attr_value(op.attributes[EMPTY_ROWS_ATTR])
         node = self.graph.call_function(target, tuple(args), kwargs)
         self._bind_results(op, node)
 

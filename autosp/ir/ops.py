@@ -24,6 +24,10 @@ KEY_PADDING_ATTR = "autosp.key_padding"
 # On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] integer tensor of document
 # ids; query i sees key j only within its document (and-ed with the causal or windowed structure).
 DOCUMENTS_ATTR = "autosp.documents"
+# With KEY_PADDING_ATTR: "uniform" when the original mask was additive with a finite masking
+# constant, so a query whose keys are all padded attends uniformly to every key (as eager
+# softmax over equal scores does) instead of getting zeros.
+EMPTY_ROWS_ATTR = "autosp.empty_rows"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")

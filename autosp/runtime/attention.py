@@ -61,14 +61,54 @@ def _key_bias(key_padding: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.where(key_padding, 0.0, float("-inf")).to(like.dtype)
 
 
+def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, empty_rows):
+    """``out`` with each query that sees no key (all its keys padded) replaced as
+    ``empty_rows`` says: None keeps SDPA's zeros; "uniform" is eager softmax attention
+    under an additive mask whose masking constant swamps every score: every key gets the
+    same score, so the output is the mean of all values, and the gradient is softmax's at
+    that uniform point (it still reaches the queries and keys). Computed in O(S) from its
+    first-order form ``mean(v) + (1/S) sum_j (t_j - mean(t)) v_j`` with ``t = u - u.detach()``
+    (value 0, gradient of the scores ``u = scale q.k_j``), contracted as ``q @ (K^T V)``:
+    no [S, S] scores."""
+    if empty_rows is None:
+        return out
+    if empty_rows != "uniform":
+        raise ValueError(f"empty_rows must be None or 'uniform', got {empty_rows!r}")
+    seen = torch.cumsum(key_padding[:, 0, 0, :].to(torch.int32), dim=-1)  # visible keys at or before q
+    if window is not None and window < seen.shape[-1]:
+        seen = seen - torch.nn.functional.pad(seen, (window, 0))[..., :seen.shape[-1]]
+    empty = (seen == 0)[:, None, :, None]  # [B, 1, S, 1]
+    if out.device.type != "meta" and not bool(empty.any()):
+        return out
+    if enable_gqa and value.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // value.shape[-3]
+        key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
+    s = key.shape[-2]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    q_d, k_d = query.detach(), key.detach()
+    v_mean, k_mean, kd_mean = value.mean(dim=-2, keepdim=True), key.mean(dim=-2, keepdim=True), k_d.mean(dim=-2, keepdim=True)
+    kv = key.transpose(-1, -2) @ value                      # [B, H, D, Dv]
+    kv_d = k_d.transpose(-1, -2) @ value                    # keys detached, values not
+    t_v = scale * (query @ kv - q_d @ kv_d) / s             # (1/S) sum_j t_j v_j
+    t_mean = scale * ((query * k_mean).sum(-1, keepdim=True) - (q_d * kd_mean).sum(-1, keepdim=True))
+    uniform = v_mean + t_v - t_mean * v_mean
+    return torch.where(empty, uniform.to(out.dtype), out)
+
+
 def key_padded_causal_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
-                                enable_gqa=False):
+                                enable_gqa=False, empty_rows=None):
     """Causal attention where key ``j`` of batch ``b`` is visible only if
     ``attn_mask[b, 0, 0, j]`` (a [B, 1, 1, S] boolean key padding mask): what transformers'
     causal + padding mask computes as [B, 1, S, S], with O(S) bytes. A query that sees no
-    key (left padding) gets zeros, as SDPA gives."""
+    key (left padding) gets zeros, as SDPA with a boolean mask gives; with
+    ``empty_rows="uniform"`` the mean of all values, as an additive (finite) mask gives."""
     if attn_mask is None or dropout_p != 0.0 or not is_causal:
         raise ValueError("key_padded_causal_attention: a key padding mask, no dropout, is_causal=True")
+    out = _key_padded_causal(query, key, value, attn_mask, scale, enable_gqa)
+    return _empty_rows(out, query, key, value, attn_mask, None, scale, enable_gqa, empty_rows)
+
+
+def _key_padded_causal(query, key, value, attn_mask, scale, enable_gqa):
     bias = _key_bias(attn_mask, query)
     if query.device.type in ("cpu", "meta"):
         # The fused CPU kernel takes is_causal and a broadcast mask together, and keeps
@@ -82,11 +122,19 @@ def key_padded_causal_attention(query, key, value, attn_mask=None, dropout_p=0.0
 
 
 def sliding_window_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
-                             enable_gqa=False, *, window: int):
+                             enable_gqa=False, *, window: int, empty_rows=None):
     """``scaled_dot_product_attention(query, key, value, is_causal=True)`` with each query
     seeing only the last ``window`` keys (see the module docstring). Same arguments as
     SDPA (``dropout_p`` 0, ``is_causal`` True); ``attn_mask``, if given, is a [B, 1, 1, S]
-    boolean key padding mask and-ed with the window."""
+    boolean key padding mask and-ed with the window (``empty_rows``: as
+    :func:`key_padded_causal_attention`)."""
+    out = _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
+    if attn_mask is None:
+        return out
+    return _empty_rows(out, query, key, value, attn_mask, window, scale, enable_gqa, empty_rows)
+
+
+def _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     if dropout_p != 0.0 or not is_causal:
         raise ValueError("sliding_window_attention: no dropout, is_causal=True")
     if window < 1:

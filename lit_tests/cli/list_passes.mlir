@@ -12,6 +12,7 @@
 // CHECK-NEXT:   autosp-checkpoint{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     mode (str, default sac)
 // CHECK-NEXT:   autosp-dce{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:   autosp-fuse-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-partition-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     sp-size (int, default 2)
 // CHECK:      Upstream MLIR and torch-mlir passes {{.*}} are also accepted in --pass-pipeline.

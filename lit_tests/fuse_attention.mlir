@@ -1,0 +1,148 @@
+// RUN: autosp-opt %s --split-input-file --autosp-fuse-attention | FileCheck %s
+// RUN: autosp-opt %s --split-input-file --autosp-fuse-attention --autosp-dce | FileCheck %s --check-prefix=DCE
+
+// softmax(q @ k^T * scale + mask) @ v with torch.aten.matmul: one SDPA with the mask and
+// the scale; the chain becomes dead.
+// CHECK-LABEL: func.func @matmul_scale_mask
+// CHECK: %[[O:.*]] = torch.aten.scaled_dot_product_attention %arg0, %arg1, %arg2, %arg3, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}
+// CHECK: return %[[O]]
+// DCE-LABEL: func.func @matmul_scale_mask
+// DCE-NOT: torch.aten.softmax.int
+// DCE-NOT: torch.aten.matmul
+func.func @matmul_scale_mask(%arg0: !torch.vtensor<[2,4,?,16],f32>, %arg1: !torch.vtensor<[2,4,?,16],f32>, %arg2: !torch.vtensor<[2,4,?,16],f32>, %arg3: !torch.vtensor<[2,1,?,?],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
+  %none = torch.constant.none
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 2.500000e-01
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,?,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,?],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,16,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[2,4,?,?],f32>, !torch.float -> !torch.vtensor<[2,4,?,?],f32>
+  %sm = torch.aten.add.Tensor %ss, %arg3, %int1 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,1,?,?],f32>, !torch.int -> !torch.vtensor<[2,4,?,?],f32>
+  %p = torch.aten.softmax.int %sm, %int-1, %none : !torch.vtensor<[2,4,?,?],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,?,?],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,4,?,16],f32> -> !torch.vtensor<[2,4,?,16],f32>
+  return %o : !torch.vtensor<[2,4,?,16],f32>
+}
+
+// -----
+
+// The decomposed form torch.export produces (matmul -> expand, view, bmm, view; the key
+// transposed by permute [0, 1, 3, 2]; dropout with p = 0), no mask, divided by 4: scale 0.25.
+// CHECK-LABEL: func.func @bmm_decomposition
+// CHECK: %[[O:.*]] = torch.aten.scaled_dot_product_attention %arg0, %arg1, %arg2, %none{{[_0-9]*}}, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}
+// CHECK: return %[[O]]
+// DCE-LABEL: func.func @bmm_decomposition
+// DCE-NOT: torch.aten.bmm
+func.func @bmm_decomposition(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %int8 = torch.constant.int 8
+  %int16 = torch.constant.int 16
+  %int-1 = torch.constant.int -1
+  %float0 = torch.constant.float 0.000000e+00
+  %four = torch.constant.float 4.000000e+00
+  %perm = torch.prim.ListConstruct %int0, %int1, %int3, %int2 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %kt = torch.aten.permute %arg1, %perm : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,16],f32>
+  %qs = torch.prim.ListConstruct %int2, %int4, %int16, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %qe = torch.aten.broadcast_to %arg0, %qs : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,8],f32>
+  %q3s = torch.prim.ListConstruct %int8, %int16, %int8 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %q3 = torch.aten.view %qe, %q3s : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %ks = torch.prim.ListConstruct %int2, %int4, %int8, %int16 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %ke = torch.aten.broadcast_to %kt, %ks : !torch.vtensor<[2,4,8,16],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,16],f32>
+  %k3s = torch.prim.ListConstruct %int8, %int8, %int16 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %k3 = torch.aten.view %ke, %k3s : !torch.vtensor<[2,4,8,16],f32>, !torch.list<int> -> !torch.vtensor<[8,8,16],f32>
+  %s3 = torch.aten.bmm %q3, %k3 : !torch.vtensor<[8,16,8],f32>, !torch.vtensor<[8,8,16],f32> -> !torch.vtensor<[8,16,16],f32>
+  %s4s = torch.prim.ListConstruct %int2, %int4, %int16, %int16 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %s = torch.aten.view %s3, %s4s : !torch.vtensor<[8,16,16],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,16],f32>
+  %ss = torch.aten.div.Scalar %s, %four : !torch.vtensor<[2,4,16,16],f32>, !torch.float -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten._softmax %ss, %int-1, %false : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,4,16,16],f32>
+  %pd = torch.aten.dropout %p, %float0, %true : !torch.vtensor<[2,4,16,16],f32>, !torch.float, !torch.bool -> !torch.vtensor<[2,4,16,16],f32>
+  %pe = torch.aten.broadcast_to %pd, %s4s : !torch.vtensor<[2,4,16,16],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,16],f32>
+  %p3s = torch.prim.ListConstruct %int8, %int16, %int16 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %p3 = torch.aten.view %pe, %p3s : !torch.vtensor<[2,4,16,16],f32>, !torch.list<int> -> !torch.vtensor<[8,16,16],f32>
+  %ve = torch.aten.broadcast_to %arg2, %qs : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,8],f32>
+  %v3 = torch.aten.view %ve, %q3s : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %o3 = torch.aten.bmm %p3, %v3 : !torch.vtensor<[8,16,16],f32>, !torch.vtensor<[8,16,8],f32> -> !torch.vtensor<[8,16,8],f32>
+  %o = torch.aten.view %o3, %qs : !torch.vtensor<[8,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}
+
+// -----
+
+// The probabilities are also returned (output_attentions): not fused, nothing changes.
+// CHECK-LABEL: func.func @probabilities_returned_kept
+// CHECK-NOT: torch.aten.scaled_dot_product_attention
+// CHECK: return
+func.func @probabilities_returned_kept(%arg0: !torch.vtensor<[2,4,?,16],f32>, %arg1: !torch.vtensor<[2,4,?,16],f32>, %arg2: !torch.vtensor<[2,4,?,16],f32>) -> (!torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,?],f32>) {
+  %none = torch.constant.none
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,?,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,?],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,16,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %p = torch.aten.softmax.int %s, %int-1, %none : !torch.vtensor<[2,4,?,?],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,?,?],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,4,?,16],f32> -> !torch.vtensor<[2,4,?,16],f32>
+  return %o, %p : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,?,?],f32>
+}
+
+// -----
+
+// Attention dropout with p > 0 in training: SDPA would draw other numbers. Not fused.
+// CHECK-LABEL: func.func @dropout_kept
+// CHECK-NOT: torch.aten.scaled_dot_product_attention
+// CHECK: torch.aten.dropout
+func.func @dropout_kept(%arg0: !torch.vtensor<[2,4,?,16],f32>, %arg1: !torch.vtensor<[2,4,?,16],f32>, %arg2: !torch.vtensor<[2,4,?,16],f32>) -> !torch.vtensor<[2,4,?,16],f32> {
+  %none = torch.constant.none
+  %true = torch.constant.bool true
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 1.000000e-01
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,?,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,?],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,4,16,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %p = torch.aten.softmax.int %s, %int-1, %none : !torch.vtensor<[2,4,?,?],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,?,?],f32>
+  %pd = torch.aten.dropout %p, %float, %true : !torch.vtensor<[2,4,?,?],f32>, !torch.float, !torch.bool -> !torch.vtensor<[2,4,?,?],f32>
+  %o = torch.aten.matmul %pd, %arg2 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,4,?,16],f32> -> !torch.vtensor<[2,4,?,16],f32>
+  return %o : !torch.vtensor<[2,4,?,16],f32>
+}
+
+// -----
+
+// The key is not transposed (q @ k with k already [B, H, D, S] from an input): SDPA takes
+// k as [B, H, S, D], and nothing here proves a transpose exists. Not fused.
+// CHECK-LABEL: func.func @key_not_transposed_kept
+// CHECK-NOT: torch.aten.scaled_dot_product_attention
+// CHECK: torch.aten.softmax.int
+func.func @key_not_transposed_kept(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,8,16],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int-1 = torch.constant.int -1
+  %s = torch.aten.matmul %arg0, %arg1 : !torch.vtensor<[2,4,16,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %s, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}
+
+// -----
+
+// Softmax over the query dim (-2) is not attention over keys. Not fused.
+// CHECK-LABEL: func.func @softmax_over_queries_kept
+// CHECK-NOT: torch.aten.scaled_dot_product_attention
+// CHECK: torch.aten.softmax.int
+func.func @softmax_over_queries_kept(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-2 = torch.constant.int -2
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,16,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,16],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,16,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %s, %int-2, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}

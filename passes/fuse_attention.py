@@ -1,0 +1,286 @@
+"""``autosp-fuse-attention``: hand-written softmax attention becomes one SDPA op.
+
+Eager attention (transformers' ``eager`` implementations, GPT-2, Llama with
+``attn_implementation="eager"``, hand-written models) computes::
+
+    scores = (q @ k.transpose(-1, -2)) * scale   (or / c, or no scale)
+    scores = scores + mask                       (optional additive mask)
+    probs  = softmax(scores, dim=-1)             (cast back to its dtype, dropout p = 0)
+    out    = probs @ v
+
+and autograd keeps ``scores`` and ``probs`` for backward: O(S^2) bytes per layer, whatever
+sequence parallelism does. This pass proves that a chain is exactly that (each matmul a
+``torch.aten.matmul`` of rank-4 tensors, or its decomposition ``view(bmm(view(expand(a)),
+view(expand(b))))`` that merges and splits only the two leading dims; the key transposed
+over its last two dims; the scale a constant; softmax over the last dim in the scores' own
+dtype; every intermediate used by the chain alone) and replaces it with
+``scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale)``: the same function (up
+to float rounding), run by the fused kernel that keeps only its output and log-sum-exp.
+``autosp-causal-mask`` then examines the mask like any SDPA mask.
+
+Not fused, left as written (correct, with the O(S^2) cost): probabilities used elsewhere
+(``output_attentions``), dropout with p > 0 (SDPA would draw other numbers), a softmax in
+another dtype, a multiplicative or per-element-modified score (soft-capping, ALiBi added
+per head is still an additive mask and fuses), anything not matching exactly.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch_mlir import ir
+
+from autosp.ir import builders as b
+from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
+from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
+from autosp.ir.pass_base import ModulePass
+from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
+
+_log = logging.getLogger(__name__)
+
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
+_EXPANDS = ("torch.aten.broadcast_to", "torch.aten.expand")
+_MATMUL = "torch.aten.matmul"
+_BMM = "torch.aten.bmm"
+
+
+class _NoMatch(Exception):
+    """The chain is not exactly softmax attention: the reason, for the log."""
+
+
+def _users(value: ir.Value) -> list:
+    """Users other than ``torch.bind_symbolic_shape`` (which only describes the value)."""
+    return [u.owner for u in value.uses if op_name(u.owner) != "torch.bind_symbolic_shape"]
+
+
+def _only_use(value: ir.Value, what: str):
+    users = _users(value)
+    if len(users) != 1:
+        raise _NoMatch(f"{what} has {len(users)} users")
+    return users[0]
+
+
+def _op(value: ir.Value, *names: str):
+    op = producer(value)
+    if op is None or op_name(op) not in names:
+        raise _NoMatch(f"{value.get_name()} is not made by {' or '.join(names)}")
+    return op
+
+
+def _sizes(value: ir.Value) -> tuple:
+    try:
+        return _dim_sizes(value)
+    except NotProven as e:
+        raise _NoMatch(str(e)) from None
+
+
+def _rank4(value: ir.Value) -> tuple:
+    sizes = _sizes(value)
+    if len(sizes) != 4:
+        raise _NoMatch(f"{value.get_name()} is not rank 4")
+    return sizes
+
+
+def _unmerge(value: ir.Value) -> ir.Value:
+    """``x`` where ``value = view(expand?(x))`` only merges the two leading dims of a rank-4 ``x``."""
+    view = _op(value, *_VIEWS)
+    x = view.operands[0]
+    inner = producer(x)
+    if inner is not None and op_name(inner) in _EXPANDS and _sizes(inner.operands[0]) == _sizes(x):
+        x = inner.operands[0]  # an expand to the same sizes is the identity
+    a, h, m, n = _rank4(x)
+    merged = _sizes(value)
+    if len(merged) != 3 or merged[1:] != (m, n) or not (a.is_const() and h.is_const()) \
+            or merged[0] != Lin((), a.const * h.const):
+        raise _NoMatch(f"{value.get_name()} is not the leading dims of {x.get_name()} merged")
+    return x
+
+
+def _matmul(value: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(a, b) when ``value`` is exactly ``a @ b`` of rank-4 tensors with the same leading dims."""
+    op = producer(value)
+    if op is not None and op_name(op) == _MATMUL:
+        a, c = op.operands[0], op.operands[1]
+    else:
+        view = _op(value, *_VIEWS)
+        bmm = _op(view.operands[0], _BMM)
+        a, c = _unmerge(bmm.operands[0]), _unmerge(bmm.operands[1])
+        out, flat = _sizes(value), _sizes(bmm.results[0])
+        if len(out) != 4 or out[2:] != flat[1:]:
+            raise _NoMatch(f"{value.get_name()} is not the bmm's leading dim split")
+    sa, sc, so = _rank4(a), _rank4(c), _rank4(value)  # (the inner dims match, or the matmul fails)
+    if sa[:2] != sc[:2] or so[:2] != sa[:2]:
+        raise _NoMatch(f"{value.get_name()}: operands of a batched matmul with other leading dims")
+    return a, c
+
+
+def _float_const(value: ir.Value) -> float:
+    op = _op(value, "torch.constant.float", "torch.constant.int")
+    attr = op.attributes["value"]
+    return float(ir.FloatAttr(attr).value if op_name(op) == "torch.constant.float" else ir.IntegerAttr(attr).value)
+
+
+def _bool_const(value: ir.Value) -> bool | None:
+    op = producer(value)
+    if op is None or op_name(op) != "torch.constant.bool":
+        return None
+    return ir.BoolAttr(op.attributes["value"]).value
+
+
+def _dtype(value: ir.Value) -> str:
+    shape = b.vtensor_shape(value.type)
+    if shape is None:
+        raise _NoMatch(f"{value.get_name()} is not a tensor")
+    return shape[1]
+
+
+@dataclass
+class Match:
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    mask: ir.Value | None
+    scale: float
+    out: ir.Value  # the p @ v result the SDPA replaces
+
+
+def match(softmax) -> Match:
+    """The attention around ``softmax``, or :class:`_NoMatch` with the reason."""
+    name = op_name(softmax)
+    scores = softmax.operands[0]
+    if const_int(softmax.operands[1]) not in (-1, 3):
+        raise _NoMatch("softmax over another dim than the last")
+    if name == "torch.aten._softmax" and _bool_const(softmax.operands[2]) is not False:
+        raise _NoMatch("_softmax with half_to_float")
+    if _dtype(softmax.results[0]) != _dtype(scores):
+        raise _NoMatch("softmax in another dtype than the scores")
+    _only_use(scores, "the scores")
+    # scores = [(q @ k^T) * scale] + mask
+    mask = None
+    x = scores
+    producer_op = producer(x)
+    if producer_op is not None and op_name(producer_op) == "torch.aten.add.Tensor":
+        if abs(_float_const(producer_op.operands[2]) - 1.0) > 0:
+            raise _NoMatch("add with alpha != 1")
+        first, second = producer_op.operands[0], producer_op.operands[1]
+        # The scores are the operand of the full [B, H, S, S] shape that comes from a scale or a matmul.
+        for s, m in ((first, second), (second, first)):
+            p = producer(s)
+            if p is not None and op_name(p) in ("torch.aten.mul.Scalar", "torch.aten.div.Scalar", *_VIEWS, _MATMUL):
+                x, mask = s, m
+                break
+        else:
+            raise _NoMatch("an add whose operands are not scores and a mask")
+        _only_use(x, "the scaled scores")
+        if _dtype(mask) != _dtype(x) or not _dtype(mask).startswith(("f", "bf")):
+            raise _NoMatch("a mask of another dtype than the scores")
+        mask_rank = len(_sizes(mask))
+        if mask_rank == 4 and _sizes(mask)[1] != Lin((), 1):
+            raise _NoMatch("a per-head additive mask")
+    scale = 1.0
+    producer_op = producer(x)
+    if producer_op is not None and op_name(producer_op) in ("torch.aten.mul.Scalar", "torch.aten.div.Scalar"):
+        c = _float_const(producer_op.operands[1])
+        if c == 0.0:
+            raise _NoMatch("a scale of 0")
+        scale = c if op_name(producer_op) == "torch.aten.mul.Scalar" else 1.0 / c
+        x = producer_op.operands[0]
+        _only_use(x, "the scores")
+    q, kt = _matmul(x)
+    t = _op(kt, "torch.aten.transpose.int", "torch.aten.permute")
+    if op_name(t) == "torch.aten.permute":
+        order = _op(t.operands[1], "torch.prim.ListConstruct")
+        swapped = [(const_int(d) or 0) % 4 for d in order.operands] == [0, 1, 3, 2]
+    else:
+        swapped = sorted((const_int(d) or 0) % 4 for d in t.operands[1:3]) == [2, 3]
+    if not swapped:
+        raise _NoMatch("the key is not transposed over its last two dims")
+    k = t.operands[0]
+    # probs -> (identity casts, dropout p = 0) -> @ v
+    p = softmax.results[0]
+    while True:
+        user = _only_use(p, "the probabilities")
+        uname = op_name(user)
+        if uname in ("torch.aten.to.dtype", "torch.aten.type_as", "torch.aten._to_copy") \
+                and _dtype(user.results[0]) == _dtype(p):
+            p = user.results[0]
+        elif uname == "torch.aten.dropout":
+            if _float_const(user.operands[1]) != 0.0 and _bool_const(user.operands[2]) is not False:
+                raise _NoMatch("attention dropout with p > 0")
+            p = user.results[0]
+        else:
+            break
+    out = _pv_result(p)
+    a, v = _matmul(out)
+    if a != p:
+        raise _NoMatch("the probabilities are not the left operand of the value matmul")
+    for t_ in (q, k, v, out):
+        if _dtype(t_) != _dtype(scores):
+            raise _NoMatch("q, k, v and the output are not all in the scores' dtype")
+    return Match(q, k, v, mask, scale, out)
+
+
+def _pv_result(p: ir.Value) -> ir.Value:
+    """The result of ``p @ v``: the matmul, or the view that ends its bmm decomposition."""
+    user = _only_use(p, "the probabilities")
+    if op_name(user) == _MATMUL:
+        return user.results[0]
+    while op_name(user) in _EXPANDS or op_name(user) in _VIEWS:
+        user = _only_use(user.results[0], "the reshaped probabilities")
+    if op_name(user) != _BMM:
+        raise _NoMatch("the probabilities do not reach a matmul")
+    return _only_use(user.results[0], "the bmm").results[0]
+
+
+def fuse_attention(module) -> int:
+    """Replace each proven softmax-attention chain by one SDPA op; return how many."""
+    func = main_func(module)
+    fused = 0
+    for softmax in [o for o in body_ops(func) if op_name(o) in SOFTMAX_OPS]:
+        try:
+            m = match(softmax)
+        except _NoMatch as e:
+            _log.info("softmax %s not fused into SDPA: %s", softmax.results[0].get_name(), e)
+            continue
+        anchor = producer(m.out)
+        with ir.InsertionPoint(anchor), anchor.location:
+            none = b.constant_none()
+            mask = none if m.mask is None else m.mask
+            zero = ir.Operation.create("torch.constant.float", results=[ir.Type.parse("!torch.float")],
+                                       attributes={"value": ir.FloatAttr.get_f64(0.0)}).result
+            false = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
+                                        attributes={"value": ir.BoolAttr.get(False)}).result
+            scale = ir.Operation.create("torch.constant.float", results=[ir.Type.parse("!torch.float")],
+                                        attributes={"value": ir.FloatAttr.get_f64(m.scale)}).result
+            sdpa = b.torch_op(SDPA_OP, [m.q, m.k, m.v, mask, zero, false, scale, false], m.out.type)
+        m.out.replace_all_uses_except(sdpa, sdpa.owner.operation)
+        fused += 1
+    return fused
+
+
+@dataclass(frozen=True)
+class FuseAttention(ModulePass):
+    """Replace hand-written softmax attention, proven from the IR, by one SDPA op.
+
+    The chain must be exactly ``softmax(q @ k^T * scale + mask) @ v`` without dropout
+    (module docstring: what is matched). The dead chain is left to ``autosp-dce``.
+
+    Input::
+
+        %kt = torch.aten.transpose.int %k, %int2, %int3 : ... -> !torch.vtensor<[1,2,8,?],f32>
+        %s = torch.aten.matmul %q, %kt : ... -> !torch.vtensor<[1,2,?,?],f32>
+        %ss = torch.aten.mul.Scalar %s, %float0.35 : ...
+        %sm = torch.aten.add.Tensor %ss, %mask, %int1 : ...
+        %p = torch.aten.softmax.int %sm, %int-1, %none : ...
+        %o = torch.aten.matmul %p, %v : ... -> !torch.vtensor<[1,2,?,8],f32>
+
+    Output::
+
+        %o = torch.aten.scaled_dot_product_attention %q, %k, %v, %mask, %float0, %false, %float0.35, %false
+    """
+
+    name: ClassVar[str] = "autosp-fuse-attention"
+
+    def apply(self, module) -> None:
+        fuse_attention(module)
