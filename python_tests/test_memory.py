@@ -151,3 +151,34 @@ def test_estimate_of_a_hugging_face_config_with_its_cache_on_and_fsdp():
     whole = est.param_bytes + est.grad_bytes + est.optimizer_bytes
     assert est.state_bytes() == sum(n // 2 for n in (est.param_bytes, est.grad_bytes, est.optimizer_bytes))
     assert est.state_bytes(zero_stage=0, state_shards=1) == whole and est.activation_peak_bytes > 0
+
+
+def test_memory_model_of_trainer_calls_keeps_no_s_by_s_mask():
+    """``MemoryModel(inputs=...)`` runs the program called as a trainer calls it (here
+    packed documents: position_ids restarting, no mask, on the meta device). The documents
+    are recognised, so the bytes kept grow linearly (x4 length: at most x4.6) and stay
+    below half the [S, S] boolean mask alone; with the recognition disabled (the control)
+    the mask is kept and the bytes grow quadratically."""
+    transformers = pytest.importorskip("transformers")
+    from autosp.estimate import MemoryModel
+    from autosp.passes import causal_mask
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 16,
+                                      use_cache=False, attn_implementation="sdpa")
+
+    def packed(ids):
+        return {"position_ids": (torch.arange(ids.shape[-1], device=ids.device) % 1024)[None]}
+
+    def saved(model):
+        return [model.estimate(n).saved_bytes for n in (4096, 16384)]
+
+    small, large = saved(MemoryModel(config, sp_size=2, dtype=torch.float32, rank=0, inputs=packed))
+    assert large <= 4.6 * small and large < 16384 * 16384 // 2, (small, large)
+    original = causal_mask.prove_causal
+    causal_mask.prove_causal = lambda sdpa: causal_mask.MaskProof(False, "disabled by the test")
+    try:
+        kept_small, kept_large = saved(MemoryModel(config, sp_size=2, dtype=torch.float32, rank=0, inputs=packed))
+    finally:
+        causal_mask.prove_causal = original
+    assert kept_large > 6 * kept_small and kept_large > 16384 * 16384, (kept_small, kept_large)

@@ -216,3 +216,54 @@ def test_attention_across_documents_breaks_parity(_fresh_seed):
     results = run_ranks(_ignore_documents_body, 2, args=(_fresh_seed % 10000,), timeout=300)
     for rank, r in results.items():
         assert r["documents"] == 2 and r["outputs"] > 100 * TOL, (rank, r)
+
+
+LONG = 16384
+
+
+def _long_document_body(rank, world, queue, seed):
+    import autosp
+    from autosp.memory import SavedTensors
+    from autosp.testing.parity import parity
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=LONG,
+                                      use_cache=False, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config)
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    gen = torch.Generator().manual_seed(seed)
+    kwargs = {"position_ids": torch.arange(LONG)[None], "use_cache": False}
+    ids = torch.randint(0, VOCAB, (1, LONG), generator=gen)
+    report = parity(reference, compiled, input_ids=ids, labels=ids, **kwargs)
+    with SavedTensors(list(model.parameters())) as counter:
+        compiled(input_ids=ids, labels=ids, **kwargs)
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(compiled.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(2):  # train on it (the gradients of the parity call are those of step 1)
+        ids = torch.randint(0, VOCAB, (1, LONG), generator=gen)
+        pair = []
+        for m, o in ((reference, opt_ref), (compiled, opt)):
+            o.zero_grad()
+            loss = m(input_ids=ids, labels=ids, **kwargs).loss
+            loss.backward()
+            o.step()
+            pair.append(float(loss))
+        losses.append(pair)
+    transformed = compiled.programs[0].mlir["transformed"]
+    queue.put((rank, {"outputs": report.max_output_error, "grads": report.max_grad_error, "saved": counter.bytes,
+                      "losses": losses, "documents": transformed.count("autosp.documents")}))
+
+
+def test_one_16k_document_trains_over_two_ranks_with_position_ids(_fresh_seed):
+    """One 16K-token document, called with position_ids and no mask (transformers builds its
+    packed-documents mask, [1, 1, S, S]: 256 MiB as booleans), split across 2 ranks: it
+    matches one device (loss, gathered logits, every gradient; two AdamW steps), runs as a
+    single causal document, and a rank keeps less for backward than the S x S mask alone."""
+    results = run_ranks(_long_document_body, 2, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, r in results.items():
+        assert r["outputs"] <= TOL and r["grads"] <= TOL, (rank, r)
+        assert r["documents"] == 1, (rank, r)
+        assert all(abs(a - b) <= TOL * abs(a) for a, b in r["losses"]), (rank, r)
+        assert r["saved"] < LONG * LONG // 4, f"rank {rank} keeps {r['saved']} B for backward"

@@ -144,7 +144,7 @@ def _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     if s <= window:
         if bias is not None:
             return key_padded_causal_attention(query, key, value, attn_mask, scale=scale, enable_gqa=enable_gqa)
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        return _causal(query, key, value, scale, enable_gqa, None)
     block = max(window, 128)  # rows per block (small windows: fewer, larger blocks)
     masks: dict = {}
     outs = []
@@ -164,7 +164,7 @@ def _causal(q, k, v, scale, enable_gqa, window):
     """Causal attention over one document (windowed when it is longer than ``window``)."""
     if window is not None and q.shape[-2] > window:
         return sliding_window_attention(q, k, v, scale=scale, enable_gqa=enable_gqa, window=window)
-    if q.device.type == "cpu":
+    if q.device.type in ("cpu", "meta"):  # (meta: the memory model costs the fused kernel)
         return _attend(q, k, v, None, scale, enable_gqa, causal=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
 
