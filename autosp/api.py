@@ -206,14 +206,18 @@ def kept_masks(module, seq_len: int) -> list[str]:
     """One line per attention mask the compiler kept materialised (``autosp.mask_kept``):
     the op, where the model computes it, how many attention ops read it, why it was not
     recognised, and its bytes per rank at ``seq_len`` (every dynamic dim is the sequence;
-    the mask is whole on every rank and kept for backward)."""
+    the mask is whole on every rank and kept for backward); and one line when hand-written
+    attention was not fused into SDPA (``autosp.unfused_attention``: its scores stay)."""
     from autosp.ir.builders import vtensor_shape
-    from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP
+    from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, UNFUSED_ATTR
     found: dict = {}
+    unfused = []
     for func in funcs(module):
         for op in body_ops(func):
             if op_name(op) == SDPA_OP and KEPT_MASK_ATTR in op.attributes:
                 found.setdefault(op.operands[3], []).append(op)
+            if UNFUSED_ATTR in op.attributes:
+                unfused.append(op)
     names = [f"{a.kind} {a.name}" for a in read_arguments(module)]
     lines = []
     for mask, ops in found.items():
@@ -234,6 +238,15 @@ def kept_masks(module, seq_len: int) -> list[str]:
                      f"[{', '.join('S' if d is None else str(d) for d in dims)}] {dtype} attention mask "
                      f"materialised: {_human(nbytes(seq_len))} per rank at S={seq_len}, kept for backward "
                      f"({_human(nbytes(long))} at S={long}); not recognised as causal or a sliding window: {reason}")
+    if unfused:
+        files = re.findall(r'"([^"]+)":(\d+)', str(unfused[0].location))
+        where = f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
+        shape = vtensor_shape(unfused[0].results[0].type)
+        dims = shape[0] if shape is not None else []
+        lines.append(f"autosp: hand-written attention{where} ({len(unfused)} softmax op(s)) is not fused into "
+                     f"scaled_dot_product_attention: its [{', '.join('S' if d is None else str(d) for d in dims)}] "
+                     f"scores and probabilities stay, O(S^2) per layer, kept for backward; "
+                     f"{ir.StringAttr(unfused[0].attributes[UNFUSED_ATTR]).value}")
     return lines
 
 

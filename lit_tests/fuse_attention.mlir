@@ -146,3 +146,24 @@ func.func @softmax_over_queries_kept(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg
   %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
   return %o : !torch.vtensor<[2,4,16,8],f32>
 }
+
+// -----
+
+// scores.masked_fill(cond, finfo.min) (nanoGPT, a tril buffer): the mask is `not cond`, and a
+// row masked everywhere keeps eager's answer (the mean of the values): autosp.empty_rows = "mean".
+// CHECK-LABEL: func.func @masked_fill_form
+// CHECK: %[[M:.*]] = torch.aten.logical_not %arg3
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg1, %arg2, %[[M]], %{{[^,]*}}, %false{{[_0-9]*}}, %float1.000000e00{{[_0-9]*}}, %false{{[_0-9]*}} {autosp.empty_rows = "mean"}
+func.func @masked_fill_form(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>, %arg3: !torch.vtensor<[1,1,16,16],i1>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %min = torch.constant.float -3.4028234663852886E+38
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,16,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,16],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,16,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,16,16],f32>
+  %sm = torch.aten.masked_fill.Scalar %s, %arg3, %min : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[1,1,16,16],i1>, !torch.float -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %sm, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}

@@ -1202,7 +1202,10 @@ def fold_causal_masks(module) -> int:
         op.operands[5] = true
         if proof.key_padding is not None:
             op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
-        if proof.empty_rows is not None:
+        if proof.key_padding is None:  # causal, windows and documents always allow the diagonal
+            if EMPTY_ROWS_ATTR in op.attributes:
+                del op.attributes[EMPTY_ROWS_ATTR]
+        elif proof.empty_rows is not None and EMPTY_ROWS_ATTR not in op.attributes:  # (fused masked_fill: kept)
             op.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(proof.empty_rows)
         if proof.documents is not None:
             op.attributes[DOCUMENTS_ATTR] = ir.UnitAttr.get()

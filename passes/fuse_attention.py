@@ -18,7 +18,12 @@ dtype; every intermediate used by the chain alone) and replaces it with
 to float rounding), run by the fused kernel that keeps only its output and log-sum-exp.
 ``autosp-causal-mask`` then examines the mask like any SDPA mask.
 
-Not fused, left as written (correct, with the O(S^2) cost): probabilities used elsewhere
+The form ``scores.masked_fill(cond, c)`` (c at most -1e30, or -inf: nanoGPT's tril buffer)
+fuses too, with the boolean mask ``not cond``; a row masked everywhere keeps eager's answer
+(``autosp.empty_rows = "mean"``, see :mod:`autosp.ir.ops`).
+
+Not fused, left as written (correct, with the O(S^2) cost, and ``autosp.unfused_attention``
+on the softmax, so the compile warns): probabilities used elsewhere
 (``output_attentions``), dropout with p > 0 (SDPA would draw other numbers), a softmax in
 another dtype, a multiplicative or per-element-modified score (soft-capping, ALiBi added
 per head is still an additive mask and fuses), anything not matching exactly.
@@ -33,7 +38,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
-from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
+from autosp.ir.ops import EMPTY_ROWS_ATTR, SDPA_OP, SOFTMAX_OPS, UNFUSED_ATTR
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
 
@@ -64,7 +69,8 @@ def _only_use(value: ir.Value, what: str):
 def _op(value: ir.Value, *names: str):
     op = producer(value)
     if op is None or op_name(op) not in names:
-        raise _NoMatch(f"{value.get_name()} is not made by {' or '.join(names)}")
+        made = "an input" if op is None else op_name(op)
+        raise _NoMatch(f"{value.get_name()} comes from {made}, where {' or '.join(names)} was expected")
     return op
 
 
@@ -143,6 +149,8 @@ class Match:
     mask: ir.Value | None
     scale: float
     out: ir.Value  # the p @ v result the SDPA replaces
+    fill: ir.Value | None = None  # masked_fill's condition: the mask is its negation (True: attend)
+    fill_finite: bool = False  # ... with a finite fill value (a row masked everywhere is uniform)
 
 
 def match(softmax) -> Match:
@@ -157,10 +165,22 @@ def match(softmax) -> Match:
         raise _NoMatch("softmax in another dtype than the scores")
     _only_use(scores, "the scores")
     # scores = [(q @ k^T) * scale] + mask
-    mask = None
+    mask = fill = None
+    fill_finite = False
     x = scores
     producer_op = producer(x)
-    if producer_op is not None and op_name(producer_op) == "torch.aten.add.Tensor":
+    if producer_op is not None and op_name(producer_op) == "torch.aten.masked_fill.Scalar":
+        # scores.masked_fill(cond, c) with c at most half the dtype's lowest (or -inf): after
+        # softmax exactly a boolean mask `not cond`, except in rows where cond is true
+        # everywhere (eager: uniform over all keys, no gradient to q and k).
+        c = _float_const(producer_op.operands[2])
+        if not c <= -1e30:
+            raise _NoMatch(f"masked_fill with {c}, not a masking constant")
+        x, fill, fill_finite = producer_op.operands[0], producer_op.operands[1], c != float("-inf")
+        _only_use(x, "the scaled scores")
+        if _dtype(fill) != "i1" or (len(_sizes(fill)) == 4 and _sizes(fill)[1] != Lin((), 1)):
+            raise _NoMatch("masked_fill with a per-head or non-boolean condition")
+    elif producer_op is not None and op_name(producer_op) == "torch.aten.add.Tensor":
         if abs(_float_const(producer_op.operands[2]) - 1.0) > 0:
             raise _NoMatch("add with alpha != 1")
         first, second = producer_op.operands[0], producer_op.operands[1]
@@ -218,7 +238,7 @@ def match(softmax) -> Match:
     for t_ in (q, k, v, out):
         if _dtype(t_) != _dtype(scores):
             raise _NoMatch("q, k, v and the output are not all in the scores' dtype")
-    return Match(q, k, v, mask, scale, out)
+    return Match(q, k, v, mask, scale, out, fill, fill_finite)
 
 
 def _pv_result(p: ir.Value) -> ir.Value:
@@ -233,6 +253,16 @@ def _pv_result(p: ir.Value) -> ir.Value:
     return _only_use(user.results[0], "the bmm").results[0]
 
 
+def _looks_like_scores(softmax) -> bool:
+    """A softmax over the last dim of a rank-4 [B, H, S, S] (or rank-3 [B*H, S, S]) tensor
+    whose last two dims have the same size: attention probabilities, fused or not."""
+    try:
+        sizes = _sizes(softmax.results[0])
+    except _NoMatch:
+        return False
+    return len(sizes) in (3, 4) and sizes[-1] == sizes[-2] and const_int(softmax.operands[1]) in (-1, len(sizes) - 1)
+
+
 def fuse_attention(module) -> int:
     """Replace each proven softmax-attention chain by one SDPA op; return how many."""
     func = main_func(module)
@@ -242,11 +272,15 @@ def fuse_attention(module) -> int:
             m = match(softmax)
         except _NoMatch as e:
             _log.info("softmax %s not fused into SDPA: %s", softmax.results[0].get_name(), e)
+            if _looks_like_scores(softmax):  # the compile warns: its scores are kept, O(S^2)
+                softmax.attributes[UNFUSED_ATTR] = ir.StringAttr.get(str(e))
             continue
         anchor = producer(m.out)
         with ir.InsertionPoint(anchor), anchor.location:
             none = b.constant_none()
             mask = none if m.mask is None else m.mask
+            if m.fill is not None:
+                mask = b.torch_op("torch.aten.logical_not", [m.fill], m.fill.type)
             zero = ir.Operation.create("torch.constant.float", results=[ir.Type.parse("!torch.float")],
                                        attributes={"value": ir.FloatAttr.get_f64(0.0)}).result
             false = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
@@ -254,6 +288,8 @@ def fuse_attention(module) -> int:
             scale = ir.Operation.create("torch.constant.float", results=[ir.Type.parse("!torch.float")],
                                         attributes={"value": ir.FloatAttr.get_f64(m.scale)}).result
             sdpa = b.torch_op(SDPA_OP, [m.q, m.k, m.v, mask, zero, false, scale, false], m.out.type)
+        if m.fill_finite:  # rows masked everywhere keep eager's answer (see EMPTY_ROWS_ATTR)
+            sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get("mean")
         m.out.replace_all_uses_except(sdpa, sdpa.owner.operation)
         fused += 1
     return fused

@@ -37,7 +37,7 @@ WINDOW = 8
 CONFIGS = {
     2: [("llama", "ones", 16), ("llama", "packed", 15), ("qwen2", "left", 15), ("mistral", "right", 16),
         ("mistral", "left", 15), ("mistral", "packed", 16), ("llamalike", "packed", 15), ("gpt2_eager", "right", 15),
-        ("prefix_lm", "plain", 16)],
+        ("prefix_lm", "plain", 16), ("softcap_lm", "plain", 15)],
     4: [("llama", "left", 33), ("llama", "right", 32), ("qwen2", "ones", 32), ("qwen2", "right", 33),
         ("qwen2", "packed", 33), ("mistral", "ones", 33), ("gpt2_eager", "left", 32)],
 }
@@ -65,9 +65,28 @@ class PrefixLM(torch.nn.Module):
                 "logits": logits}
 
 
+class SoftcapLM(PrefixLM):
+    """Hand-written causal attention with soft-capped scores (``30 tanh(s / 30)``, Gemma 2):
+    not softmax(q k^T * scale + mask), so it is not fused; it runs as written, correct,
+    and the compile says its scores stay."""
+
+    def forward(self, input_ids, labels):
+        b, s = input_ids.shape
+        q, k, v = self.qkv(self.embed(input_ids)).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        scores = 30.0 * torch.tanh(torch.matmul(q, k.transpose(-1, -2)) / (30.0 * 8 ** 0.5))
+        i = torch.arange(s, device=input_ids.device)
+        scores = scores + torch.where(i[None, :] <= i[:, None], 0.0, torch.finfo(scores.dtype).min)
+        o = torch.matmul(torch.softmax(scores, dim=-1), v)
+        logits = self.head(o.transpose(1, 2).reshape(b, s, 32))
+        return {"loss": torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1)),
+                "logits": logits}
+
+
 def _model(family: str):
     if family == "prefix_lm":
         return PrefixLM()
+    if family == "softcap_lm":
+        return SoftcapLM()
     if family == "gpt2_eager":  # manual attention: fused into SDPA, then its mask recognised
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512, attn_implementation="eager",
@@ -179,6 +198,14 @@ def test_trainer_calls_match_single_device_with_linear_memory(world, _fresh_seed
             where = f"rank {rank}, {family} {call} S={seq} P={world}: {r}"
             assert r["outputs"] <= TOL and r["grads"] <= TOL, where
             assert r["params"] <= 1e-4, where
+            if family == "softcap_lm":  # not fused, correct, and rank 0 says so once
+                if rank == 0:
+                    (line,) = r["warnings"]
+                    assert "hand-written attention at" in line and "test_trainer_calls.py" in line, line
+                    assert "[2, 2, S, S] scores and probabilities stay" in line and "torch.aten.tanh" in line, line
+                else:
+                    assert r["warnings"] == [], where
+                continue
             if family == "prefix_lm":  # kept, correct, and rank 0 says so once with its cost
                 assert r["kept"] == 1, where
                 if rank == 0:

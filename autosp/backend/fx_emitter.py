@@ -223,7 +223,9 @@ class _Emitter:
             kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
         elif name == SDPA_OP and KEY_PADDING_ATTR in op.attributes:  # proven causal + key padding
             target = attention.key_padded_causal_attention
-        if name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes:
+        elif name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes:  # a kept mask from fused eager attention
+            target = attention.masked_attention
+        if name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes and DOCUMENTS_ATTR not in op.attributes:
             kwargs["empty_rows"] = _attr_value(op.attributes[EMPTY_ROWS_ATTR])
         node = self.graph.call_function(target, tuple(args), kwargs)
         self._bind_results(op, node)

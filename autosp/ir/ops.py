@@ -28,6 +28,9 @@ DOCUMENTS_ATTR = "autosp.documents"
 # constant, so a query whose keys are all padded attends uniformly to every key (as eager
 # softmax over equal scores does) instead of getting zeros.
 EMPTY_ROWS_ATTR = "autosp.empty_rows"
+# On a softmax over attention scores that autosp-fuse-attention could not prove to be exact
+# softmax attention: the reason (its [S, S] scores stay, and the compile warns).
+UNFUSED_ATTR = "autosp.unfused_attention"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")

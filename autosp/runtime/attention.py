@@ -61,6 +61,20 @@ def _key_bias(key_padding: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.where(key_padding, 0.0, float("-inf")).to(like.dtype)
 
 
+def masked_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False, empty_rows=None):
+    """SDPA with a boolean ``attn_mask`` (the mask the compiler kept), where a query whose
+    mask row is all False gets what fused eager attention gave it: ``empty_rows="mean"``
+    (``scores.masked_fill(~mask, finfo.min)``: uniform over every key, no gradient to the
+    scores) rather than SDPA's zeros."""
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    if empty_rows is None or attn_mask is None:
+        return out
+    empty = ~attn_mask.any(dim=-1, keepdim=True)
+    return _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
+
+
 def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, empty_rows):
     """``out`` with each query that sees no key (all its keys padded) replaced as
     ``empty_rows`` says: None keeps SDPA's zeros; "uniform" is eager softmax attention
@@ -72,17 +86,26 @@ def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, 
     no [S, S] scores."""
     if empty_rows is None:
         return out
-    if empty_rows != "uniform":
-        raise ValueError(f"empty_rows must be None or 'uniform', got {empty_rows!r}")
     seen = torch.cumsum(key_padding[:, 0, 0, :].to(torch.int32), dim=-1)  # visible keys at or before q
     if window is not None and window < seen.shape[-1]:
         seen = seen - torch.nn.functional.pad(seen, (window, 0))[..., :seen.shape[-1]]
     empty = (seen == 0)[:, None, :, None]  # [B, 1, S, 1]
+    return _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
+
+
+def _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows):
+    """``out`` where ``empty`` ([B, 1|H, S, 1]) is False; elsewhere eager's answer for a row
+    masked everywhere: "mean" (masked_fill: the mean of the values, gradient to the values
+    only) or "uniform" (additive mask: the same value, gradient through the scores)."""
+    if empty_rows not in ("mean", "uniform"):
+        raise ValueError(f"empty_rows must be None, 'mean' or 'uniform', got {empty_rows!r}")
     if out.device.type != "meta" and not bool(empty.any()):
         return out
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // value.shape[-3]
         key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
+    if empty_rows == "mean":
+        return torch.where(empty, value.mean(dim=-2, keepdim=True).to(out.dtype), out)
     s = key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     q_d, k_d = query.detach(), key.detach()
@@ -91,8 +114,7 @@ def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, 
     kv_d = k_d.transpose(-1, -2) @ value                    # keys detached, values not
     t_v = scale * (query @ kv - q_d @ kv_d) / s             # (1/S) sum_j t_j v_j
     t_mean = scale * ((query * k_mean).sum(-1, keepdim=True) - (q_d * kd_mean).sum(-1, keepdim=True))
-    uniform = v_mean + t_v - t_mean * v_mean
-    return torch.where(empty, uniform.to(out.dtype), out)
+    return torch.where(empty, (v_mean + t_v - t_mean * v_mean).to(out.dtype), out)
 
 
 def key_padded_causal_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
