@@ -189,6 +189,15 @@ def _join(kind: str, parts):
                 flat.append(q)
     if any(f_not(q) in flat for q in flat):
         return zero  # x and not x / x or not x
+    # and(or(a, b), not a) = and(b, not a), and dually: drop a nested disjunct (conjunct)
+    # whose negation sits beside it.
+    other = "or" if kind == "and" else "and"
+    for n, q in enumerate(flat):
+        if q[0] == other:
+            kept = [g for g in q[1] if f_not(g) not in flat]
+            if len(kept) != len(q[1]):
+                flat[n] = _join(other, kept)
+                return _join(kind, flat)
     if not flat:
         return unit
     return flat[0] if len(flat) == 1 else (kind, tuple(flat))
@@ -298,6 +307,7 @@ _IDENTITY = ("torch.aten.clone", "torch.aten.contiguous", "torch.aten.alias", "t
 _ARANGE = ("torch.aten.arange", "torch.aten.arange.start", "torch.aten.arange.start_step")
 _BROADCAST = ("torch.aten.broadcast_to", "torch.aten.expand")
 _INDEX = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
 # Tensors of one value: name (without "torch.aten.") -> the value, None: operand 1.
 _FILLS = {"ones": 1, "zeros": 0, "full": None, "ones_like": 1, "zeros_like": 0, "full_like": None,
           "new_ones": 1, "new_zeros": 0}
@@ -383,6 +393,10 @@ class _MaskInterpreter:
         shift = rank - x.rank
         return _remap(x, {d: Lin.var(d + shift) for d in range(x.rank)}, rank)
 
+    def _start(self, v: ir.Value) -> Lin:
+        """A slice start: None is 0."""
+        return Lin() if _is_constant(v, "torch.constant.none") else self._int(v)
+
     def _list(self, v: ir.Value) -> list[ir.Value]:
         owner = v.owner
         if isinstance(owner, ir.Block) or op_name(owner) != "torch.prim.ListConstruct":
@@ -466,6 +480,13 @@ class _MaskInterpreter:
         if name == "torch.aten.permute":
             dims = self.shape(ops[0])
             return tuple(dims[d] for d in (self._const(x) for x in self._list(ops[1])))
+        if name in _VIEWS:
+            pairs, _ = self._view_dims(ops)
+            from_sizes = self.shape(ops[0])
+            viewed = [Lin((), 1)] * rank
+            for d, j in pairs:
+                viewed[j] = from_sizes[d]
+            return tuple(viewed)
         if name in _BROADCAST:
             dims = self.shape(ops[0])
             target = [self._int(x) for x in self._list(ops[1])]
@@ -482,7 +503,7 @@ class _MaskInterpreter:
             src = list(self.shape(ops[0]))
             d = self._const(ops[1])
             d = d + rank if d < 0 else d
-            start, size = self._int(ops[2]), src[d]
+            start, size = self._start(ops[2]), src[d]
             end = self.value(ops[3])
             if self._const(ops[4]) != 1 or size is None or not isinstance(end, Lin):
                 src[d] = None
@@ -629,6 +650,10 @@ class _MaskInterpreter:
             perm = {j: Lin.var(j) for j in range(x.rank)}
             perm[a], perm[c] = Lin.var(c), Lin.var(a)
             return _remap(x, perm, rank)
+        if name in _VIEWS:
+            x = self.value(ops[0])
+            pairs, ones = self._view_dims(ops)
+            return _remap(x, {d: Lin.var(j) for d, j in pairs} | {d: Lin() for d in ones}, rank)
         if name == "torch.aten.permute":
             x = self.value(ops[0])
             order = [self._const(d) for d in self._list(ops[1])]
@@ -640,7 +665,7 @@ class _MaskInterpreter:
             x = self.value(ops[0])
             d = self._const(ops[1])
             d = d + x.rank if d < 0 else d
-            start, stride = self._int(ops[2]), self._const(ops[4])
+            start, stride = self._start(ops[2]), self._const(ops[4])
             if not start.nonnegative() or stride < 1:
                 raise NotProven("slice with a start counted from the end, or a step < 1")
             return _remap(x, {j: Lin.var(j) for j in range(x.rank)} | {d: Lin.var(d).scale(stride) + start}, rank)
@@ -663,6 +688,11 @@ class _MaskInterpreter:
             return IntTensor(rank, x.lin.scale(y.lin.const) if y.lin.is_const() else y.lin.scale(x.lin.const))
         if short == "neg" and kind[0] == "int":
             return IntTensor(rank, self._tensor(ops[0], rank).lin.scale(-1))
+        if short in _COMPARE and kind[0] == "bool" and any(isinstance(self._tensor(o, rank), FloatTensor)
+                                                            for o in ops[:2]):
+            fx, fy = (_float_pieces(self._tensor(o, rank)) for o in ops[:2])
+            return BoolTensor(rank, f_or(*[f_and(f, g, _fcompare(short, a, c))
+                                           for f, a in fx.pieces for g, c in fy.pieces]))
         if short in _COMPARE and kind[0] == "bool":
             x, y = self._tensor(ops[0], rank), self._tensor(ops[1], rank)
             if not (isinstance(x, (IntTensor, PiecewiseInt)) and isinstance(y, (IntTensor, PiecewiseInt))):
@@ -691,6 +721,16 @@ class _MaskInterpreter:
             return FloatTensor.of(rank, [(f_and(f, keep), c) for f, c in x.pieces] + [(f_not(keep), 0.0)])
         if kind[0] == "float" and name in _SELECT:
             return self._select(name, ops, rank)
+        if kind[0] == "float" and short in ("add", "sub") and name.endswith((".Tensor", ".Scalar")):
+            fx, fy = (_float_pieces(self._tensor(o, rank)) for o in ops[:2])
+            alpha = self._const(ops[2]) * (1 if short == "add" else -1)
+            return FloatTensor.of(rank, [(f_and(f, g), _fadd(a, _fmul(float(alpha), c)))
+                                         for f, a in fx.pieces for g, c in fy.pieces])
+        if kind[0] == "float" and short == "mul" and name.endswith((".Tensor", ".Scalar")):
+            fx, fy = (_float_pieces(self._tensor(o, rank)) for o in ops[:2])
+            return FloatTensor.of(rank, [(f_and(f, g), _fmul(a, c)) for f, a in fx.pieces for g, c in fy.pieces])
+        if name == "torch.aten.slice_scatter":
+            return self._slice_scatter(v, ops, rank)
         if name == "torch.aten.cumsum":
             x = self.value(ops[0])
             d = self._const(ops[1])
@@ -713,6 +753,46 @@ class _MaskInterpreter:
             raise NotProven(f"{name}: not a boolean condition choosing between float constants")
         return FloatTensor.of(rank, [(f_and(cond.formula, f), c) for f, c in yes.pieces]
                               + [(f_and(f_not(cond.formula), f), c) for f, c in no.pieces])
+
+    def _view_dims(self, ops) -> tuple[list, list]:
+        """A view/reshape that only inserts or removes dims of size 1: ``(pairs, ones)``,
+        each kept source dim d with its result dim j, and the source's size-1 dims."""
+        src = self.shape(ops[0])
+        sizes = [self._int(x) for x in self._list(ops[1])]
+        kept = [d for d, n in enumerate(src) if n != Lin((), 1)]
+        targets = [j for j, n in enumerate(sizes) if n != Lin((), 1)]
+        if len(kept) != len(targets) or sum(sizes[j] == Lin((), -1) for j in targets) > 1:
+            raise NotProven("a view that does more than insert or remove dims of size 1")
+        for d, j in zip(kept, targets):
+            if sizes[j] != Lin((), -1) and sizes[j] != src[d]:
+                raise NotProven("a view that does more than insert or remove dims of size 1")
+        return list(zip(kept, targets)), [d for d in range(len(src)) if d not in kept]
+
+    def _slice_scatter(self, v: ir.Value, ops, rank: int):
+        """``base`` with ``src`` written into ``base[..., start:end, ...]`` (step 1): src
+        (shifted by ``start``) inside the region, base outside."""
+        base, src = self._tensor(ops[0], rank), self.value(ops[1])
+        d = self._const(ops[2])
+        d = d + rank if d < 0 else d
+        if self._const(ops[5]) != 1:
+            raise NotProven("slice_scatter with a step")
+        start = self._start(ops[3])
+        size = self.shape(v)[d]
+        end = None if _is_constant(ops[4], "torch.constant.none") else self.value(ops[4])
+        i = Lin.var(d)
+        lower = _atom("ge", i - start)
+        upper = TRUE if end is None or (isinstance(end, Lin) and (end == size or (
+            end.is_const() and end.const >= 2 ** 62))) else _atom("ge", self._int(ops[4]) - Lin((), 1) - i)
+        region = f_and(lower, upper)
+        moved = _remap(src, {j: Lin.var(j) for j in range(rank)} | {d: i - start}, rank)
+        if isinstance(base, FloatTensor) or isinstance(moved, FloatTensor):
+            b_f, s_f = _float_pieces(base), _float_pieces(moved)
+            return FloatTensor.of(rank, [(f_and(region, f), c) for f, c in s_f.pieces]
+                                  + [(f_and(f_not(region), f), c) for f, c in b_f.pieces])
+        if isinstance(base, BoolTensor) and isinstance(moved, BoolTensor):
+            return BoolTensor(rank, f_or(f_and(region, moved.formula), f_and(f_not(region), base.formula)))
+        return _make_int(rank, [(f_and(region, f), lin) for f, lin in _int_pieces(moved)]
+                         + [(f_and(f_not(region), f), lin) for f, lin in _int_pieces(base)])
 
     def _cat(self, parts, shapes, dim: int, rank: int):
         """Concatenation, when the pieces lie on one line along ``dim`` (a piece of length 1
@@ -856,6 +936,68 @@ def _as_float(x) -> FloatTensor | None:
     return None
 
 
+# A float piece's value is a float constant, or a Lin: an integer-valued expression (an
+# integer tensor, e.g. attention_mask, promoted to float by arithmetic).
+_HUGE = 1e30  # |c| >= this absorbs any int64 added to it in f32/bf16/f64 (half an ulp is larger)
+
+
+def _float_pieces(x) -> FloatTensor:
+    """An int, bool or float tensor value as float pieces (for float arithmetic)."""
+    if isinstance(x, FloatTensor):
+        return x
+    if isinstance(x, IntTensor):
+        return FloatTensor(x.rank, ((TRUE, float(x.lin.const) if x.lin.is_const() else x.lin),))
+    if isinstance(x, PiecewiseInt):
+        return FloatTensor.of(x.rank, [(f, float(lin.const) if lin.is_const() else lin) for f, lin in x.pieces])
+    if isinstance(x, BoolTensor):
+        return FloatTensor.of(x.rank, ((x.formula, 1.0), (f_not(x.formula), 0.0)))
+    raise NotProven("float arithmetic on a value that is not a tensor")
+
+
+def _as_lin(c) -> Lin:
+    if isinstance(c, Lin):
+        return c
+    if float(c).is_integer() and abs(c) < 2 ** 62:
+        return Lin((), int(c))
+    raise NotProven(f"{c} is not an integer")
+
+
+def _fadd(a, c):
+    """The sum of two piece values (exact, or absorbed by a masking constant)."""
+    if not isinstance(a, Lin) and not isinstance(c, Lin):
+        return a + c
+    for huge, other in ((a, c), (c, a)):
+        if not isinstance(huge, Lin) and abs(huge) >= _HUGE and isinstance(other, Lin):
+            return huge
+    total = _as_lin(a) + _as_lin(c)
+    return float(total.const) if total.is_const() else total
+
+
+def _fmul(a, c):
+    if not isinstance(a, Lin) and not isinstance(c, Lin):
+        if (a == 0.0 and math.isinf(c)) or (c == 0.0 and math.isinf(a)):
+            raise NotProven("0 * inf in a mask")
+        product = a * c
+        return 0.0 if product == 0.0 else product  # -0.0 is 0 for a mask
+    for k, other in ((a, c), (c, a)):
+        if not isinstance(k, Lin) and k in (0.0, 1.0):
+            return 0.0 if k == 0.0 else other
+    raise NotProven("a product of data in a mask")
+
+
+def _fcompare(op: str, a, c):
+    """A comparison of two piece values as a formula."""
+    if not isinstance(a, Lin) and not isinstance(c, Lin):
+        return TRUE if {"le": a <= c, "lt": a < c, "ge": a >= c, "gt": a > c, "eq": a == c, "ne": a != c}[op] else FALSE
+    for huge, flip in ((a, False), (c, True)):
+        if not isinstance(huge, Lin) and abs(huge) >= _HUGE:  # int64 data never reaches it
+            below = huge < 0  # huge < every int
+            less = below != flip  # is a < c ?
+            return TRUE if {"le": less, "lt": less, "ge": not less, "gt": not less, "eq": False,
+                            "ne": True}[op] else FALSE
+    return _COMPARE[op](_as_lin(a), _as_lin(c))
+
+
 def _remap(x, mapping: dict, rank: int):
     """``x`` with its index variables replaced (``mapping``), as a tensor of ``rank``."""
     if isinstance(x, IntTensor):
@@ -889,7 +1031,8 @@ class MaskProof:
     causal: bool
     reason: str
     window: int | None = None
-    key_padding: object = None  # a [B, S] boolean ir.Value: key j of batch b is visible iff it is true
+    # (a [B, S] ir.Value, nonzero): key j of batch b is visible iff it is true (nonzero: != 0)
+    key_padding: tuple | None = None
     documents: object = None  # a [B, S] integer ir.Value: query i sees key j only if doc[b, i] == doc[b, j]
     # "uniform": the mask is additive with a finite masking constant, so a query row whose
     # keys are all padded gets the same score everywhere: softmax is uniform over every key
@@ -943,7 +1086,7 @@ def prove_causal(sdpa) -> MaskProof:
         mask_type = b.vtensor_shape(mask.type)
         assert mask_type is not None  # interpreter.shape(mask) above proved it a vtensor
         low = _MASKED_BELOW.get(mask_type[1])
-        bad = [c for _, c in value.pieces if c != 0.0 and (low is None or not c <= low)]
+        bad = [c for _, c in value.pieces if isinstance(c, Lin) or (c != 0.0 and (low is None or not c <= low))]
         if bad:
             return MaskProof(False, f"additive mask with values other than 0 and a masking constant: {bad}")
         allowed = f_or(*[f for f, c in value.pieces if c == 0.0])
@@ -959,12 +1102,21 @@ def prove_causal(sdpa) -> MaskProof:
     if allowed[0] == "and" and value.rank == 4:
         def batch_1(name: str) -> bool:  # both the mask and pad have one row: pad[0, k] is pad[b, k]
             return (_kind(interpreter.data[name].type) or ("", [None]))[1][0] == 1 == (_kind(mask.type) or ("", [None]))[1][0]
-        key_pad = [f for f in allowed[1] if f[0] == "data" and len(f[2]) == 2 and f[2][1] == Lin.var(k)
-                   and (f[2][0] == Lin.var(0) or (f[2][0] == Lin((), 0) and batch_1(f[1])))
-                   and len((_kind(interpreter.data[f[1]].type) or ("", []))[1]) == 2]
+        def element(f):  # (name, idx, nonzero) of pad[b, k] or of int_pad[b, k] != 0
+            if f[0] == "data":
+                return f[1], f[2], False
+            if f[0] == "not" and f[1][0] == "eq" and f[1][1].const == 0 and f[1][1].terms and \
+                    len(f[1][1].terms) == 1 and _is_data_var(f[1][1].terms[0][0]):
+                var = f[1][1].terms[0][0]
+                return var[1], var[2], True
+            return None
+        key_pad = [(f, el) for f in allowed[1] if (el := element(f)) is not None and len(el[1]) == 2
+                   and el[1][1] == Lin.var(k) and (el[1][0] == Lin.var(0) or (el[1][0] == Lin((), 0) and batch_1(el[0])))
+                   and len((_kind(interpreter.data[el[0]].type) or ("", []))[1]) == 2]
         if len(key_pad) == 1:
-            padding = interpreter.data[key_pad[0][1]]
-            rest = [f for f in allowed[1] if f != key_pad[0]]
+            (conjunct, (name, _, nonzero)), = key_pad
+            padding = (interpreter.data[name], nonzero)
+            rest = [f for f in allowed[1] if f != conjunct]
             allowed = rest[0] if len(rest) == 1 else ("and", tuple(rest))
     # Documents: a conjunct doc[b, q] == doc[b, k] with doc a [B, S] integer tensor; the rest
     # may compare positions within a document (transformers' packed sequences).
@@ -997,8 +1149,8 @@ def prove_causal(sdpa) -> MaskProof:
             return MaskProof(False, f"{structure} and key padding with an additive mask whose masking constant "
                                     "is too small for an all-padded row's softmax to be uniform")
         empty = "uniform" if isinstance(value, FloatTensor) and finite else None
-        return MaskProof(False, f"{structure} and key padding {padding.get_name()}[b, k]", window=window,
-                         key_padding=padding, empty_rows=empty)
+        return MaskProof(False, f"{structure} and key padding {padding[0].get_name()}[b, k]"
+                         f"{' != 0' if padding[1] else ''}", window=window, key_padding=padding, empty_rows=empty)
     if window is not None:
         return MaskProof(False, f"q - {window} < k <= q", window=window)
     reason = f"formula is not k <= q: {format_formula(allowed)}"
@@ -1197,8 +1349,13 @@ def fold_causal_masks(module) -> int:
             none = b.constant_none()
             true = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
                                        attributes={"value": ir.BoolAttr.get(True)}).result
-        per_key = proof.documents if proof.documents is not None else proof.key_padding
-        op.operands[3] = none if per_key is None else _key_mask(op, per_key)
+        if proof.documents is not None:
+            op.operands[3] = _key_mask(op, proof.documents)
+        elif proof.key_padding is not None:
+            padding, nonzero = proof.key_padding
+            op.operands[3] = _key_mask(op, padding, nonzero)
+        else:
+            op.operands[3] = none
         op.operands[5] = true
         if proof.key_padding is not None:
             op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
@@ -1215,14 +1372,18 @@ def fold_causal_masks(module) -> int:
     return folded
 
 
-def _key_mask(op, padding: ir.Value) -> ir.Value:
+def _key_mask(op, padding: ir.Value, nonzero: bool = False) -> ir.Value:
     """``padding`` ([B, S] boolean key padding, or integer document ids) as [B, 1, 1, S],
-    built just before ``op``."""
+    built just before ``op`` (``nonzero``: an integer padding mask, compared != 0 first)."""
     shape = b.vtensor_shape(padding.type)
     assert shape is not None  # the proof read it as a boolean vtensor
     dims, dtype = shape
     x = padding
     with ir.InsertionPoint(op), op.location:
+        if nonzero:
+            x = ir.Operation.create("torch.aten.ne.Scalar", results=[b.vtensor_type(dims, "i1")],
+                                    operands=[x, b.constant_int(0)]).result
+            dtype = "i1"
         for d in (1, 2):
             dims = dims[:d] + [1] + dims[d:]
             x = ir.Operation.create("torch.aten.unsqueeze", results=[b.vtensor_type(dims, dtype)],

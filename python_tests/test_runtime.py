@@ -188,3 +188,69 @@ def test_gradient_all_reduces_start_during_backward(in_graph, checkpointing, _fr
             assert early >= (params - 2) // 2, f"rank {rank}: only {early}/{params} buckets issued during backward"
         else:  # negative control: all issued after the model's backward
             assert early == 0, f"rank {rank}: {early} buckets issued early without sync points"
+
+
+# ---------------------------------------------------------------- structured-mask kernels
+def _eager_attention(q, k, v, allowed, fill):
+    """Softmax attention as eager code writes it: additive (scores + where(allowed, 0, min)),
+    masked_fill (scores.masked_fill(~allowed, min)), or boolean SDPA semantics (zeros)."""
+    import math
+    low = torch.finfo(q.dtype).min
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if fill == "additive":
+        probs = torch.softmax(scores + torch.where(allowed, 0.0, low), -1)
+    elif fill == "masked_fill":
+        probs = torch.softmax(scores.masked_fill(~allowed, low), -1)
+    else:
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    return probs @ v
+
+
+@pytest.mark.parametrize("kernel", ["key_padding", "window", "documents", "non_contiguous_documents", "kept"])
+def test_structured_mask_kernels_match_eager_softmax_attention(kernel, _fresh_seed):
+    """Each kernel the emitter calls for a proven mask against eager softmax attention with
+    the dense mask, forward and gradients (GQA, batch 2, fresh inputs). Rows whose keys are
+    all padded (left padding) give what the original mask gave: zeros for a boolean mask,
+    eager's uniform average with softmax's gradient for an additive one, the plain average
+    for masked_fill. The control: the same kernel without its structure fails."""
+    from autosp.runtime import attention
+    b, s = 2, 40
+    q = torch.randn(b, 4, s, 8, requires_grad=True)
+    k, v = (torch.randn(b, 2, s, 8, requires_grad=True) for _ in range(2))
+    i = torch.arange(s)
+    causal = (i[None, :] <= i[:, None])[None, None]
+    pad = torch.ones(b, s, dtype=torch.bool)
+    pad[1, :7] = False  # left padding: rows 0..6 of batch 1 see no key
+    pad[0, -5:] = False
+    docs = torch.tensor([[0] * 9 + [1] * 20 + [2] * 11, [0] * 3 + [1] * 37])
+    cases = []
+    if kernel == "key_padding":
+        allowed = causal & pad[:, None, None, :]
+        for fill, mode in (("bool", None), ("additive", "uniform"), ("masked_fill", "mean")):
+            cases.append((fill, allowed, lambda q, k, v, mode=mode: attention.key_padded_causal_attention(
+                q, k, v, pad[:, None, None, :], enable_gqa=True, empty_rows=mode)))
+    elif kernel == "window":
+        allowed = causal & (i[:, None] - i[None, :] < 6)[None, None] & pad[:, None, None, :]
+        cases.append(("additive", allowed, lambda q, k, v: attention.sliding_window_attention(
+            q, k, v, pad[:, None, None, :], enable_gqa=True, window=6, empty_rows="uniform")))
+    elif kernel in ("documents", "non_contiguous_documents"):
+        if kernel == "non_contiguous_documents":
+            docs = torch.tensor([[0] * 9 + [1] * 20 + [0] * 11, [2] * 3 + [1] * 30 + [2] * 7])
+        allowed = causal & (docs[:, None, :, None] == docs[:, None, None, :])
+        cases.append(("bool", allowed, lambda q, k, v: attention.document_attention(
+            q, k, v, docs[:, None, None, :], enable_gqa=True)))
+    else:  # a kept boolean mask from fused masked_fill attention: a prefix-LM and padding
+        allowed = (causal | (i[None, :] < 4)[None, None]) & pad[:, None, None, :]
+        cases.append(("masked_fill", allowed, lambda q, k, v: attention.masked_attention(
+            q, k, v, allowed, enable_gqa=True, empty_rows="mean")))
+    for fill, allowed, fn in cases:
+        expected = _eager_attention(q, k, v, allowed, fill)
+        out = fn(q, k, v)
+        grad = torch.randn_like(out)
+        for a, e in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+            assert (a - e).abs().max() <= 1e-5 * max(1.0, e.abs().max()), (kernel, fill)
+        assert (out - expected).abs().max() <= 1e-5, (kernel, fill)
+        plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert (plain - expected).abs().max() > 1e-2, "control: the structure matters here"

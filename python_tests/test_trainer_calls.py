@@ -11,7 +11,13 @@ Call conventions (HF Trainer, TRL, Accelerate, packing collators):
   ``document_ids`` by hand);
 - Mistral's sliding window (8) is smaller than every S here;
 - GPT-2 with eager (matmul-softmax) attention and a padding mask: the attention is fused
-  into SDPA (``autosp-fuse-attention``), then its mask is recognised like any other.
+  into SDPA (``autosp-fuse-attention``), then its mask is recognised like any other;
+- transformers 4.x's 4-D causal-mask helper with right padding (a hand-written model; with
+  left padding its reference, PyTorch's SDPA with an additive mask, returns a gradient S
+  times softmax's own on rows masked everywhere, which autosp does not copy: see
+  test_runtime.py's kernel tests against eager softmax);
+- two masks that must not be recognised, each with its compile warning: a prefix-LM mask
+  (kept), and soft-capped hand-written attention (not fused).
 
 Every configuration is compared with single-device eager on the full sequence (loss, gathered
 logits, every gradient), trained three AdamW steps beside it, and its masks must be
@@ -39,7 +45,7 @@ CONFIGS = {
         ("mistral", "left", 15), ("mistral", "packed", 16), ("llamalike", "packed", 15), ("gpt2_eager", "right", 15),
         ("prefix_lm", "plain", 16), ("softcap_lm", "plain", 15)],
     4: [("llama", "left", 33), ("llama", "right", 32), ("qwen2", "ones", 32), ("qwen2", "right", 33),
-        ("qwen2", "packed", 33), ("mistral", "ones", 33), ("gpt2_eager", "left", 32)],
+        ("qwen2", "packed", 33), ("mistral", "ones", 33), ("gpt2_eager", "left", 32), ("old_4d", "right", 33)],
 }
 
 
@@ -82,7 +88,38 @@ class SoftcapLM(PrefixLM):
                 "logits": logits}
 
 
+def _old_4d_mask(attention_mask, s, dtype, cache_position, batch):
+    """transformers 4.4x's ``_prepare_4d_causal_attention_mask_with_cache_position``, as
+    written there (a float mask: triu of finfo.min, times a comparison, a clone and an
+    in-place masked_fill of a slice for the padding)."""
+    min_dtype = torch.finfo(dtype).min
+    causal_mask = torch.full((s, s), fill_value=min_dtype, dtype=dtype)
+    causal_mask = torch.triu(causal_mask, diagonal=1)
+    causal_mask *= torch.arange(s) > cache_position.reshape(-1, 1)
+    causal_mask = causal_mask[None, None, :, :].expand(batch, 1, -1, -1)
+    causal_mask = causal_mask.clone()
+    mask_length = attention_mask.shape[-1]
+    padding_mask = (causal_mask[:, :, :, :mask_length] + attention_mask[:, None, None, :]) == 0
+    causal_mask[:, :, :, :mask_length] = causal_mask[:, :, :, :mask_length].masked_fill(padding_mask, min_dtype)
+    return causal_mask
+
+
+class Old4DLM(PrefixLM):
+    """Causal attention with padding whose mask comes from transformers 4.x's 4-D helper."""
+
+    def forward(self, input_ids, labels, attention_mask, position_ids=None):
+        b, s = input_ids.shape
+        q, k, v = self.qkv(self.embed(input_ids)).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        mask = _old_4d_mask(attention_mask, s, q.dtype, torch.arange(s, device=input_ids.device), b)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        logits = self.head(o.transpose(1, 2).reshape(b, s, 32))
+        return {"loss": torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1)),
+                "logits": logits}
+
+
 def _model(family: str):
+    if family == "old_4d":
+        return Old4DLM()
     if family == "prefix_lm":
         return PrefixLM()
     if family == "softcap_lm":
@@ -131,10 +168,11 @@ def _batch(family: str, call: str, seq: int, gen):
             mask[1, -pad:] = 0
         kwargs["attention_mask"] = mask
         labels[mask == 0] = -100
+
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # what generation-style collators pass
     kwargs["position_ids"] = pos
     kwargs["labels"] = labels
-    if family != "llamalike":
+    if family not in ("llamalike", "old_4d"):
         kwargs["use_cache"] = False
     return ids, kwargs
 
@@ -218,7 +256,7 @@ def test_trainer_calls_match_single_device_with_linear_memory(world, _fresh_seed
                 continue
             # Recognised: per-document causal attention, causal + key padding, and the window.
             assert r["kept"] == 0 and r["warnings"] == [], where
-            assert r["documents" if call == "packed" else "key_padding"] == 2, where
+            assert r["documents" if call == "packed" else "key_padding"] == (1 if family == "old_4d" else 2), where
             assert r["window"] == (2 if family == "mistral" else 0), where
             small, large = r["saved"]
             assert large <= 2.3 * small, f"{where}: saved {small} B at S=128, {large} B at S=256"
