@@ -228,26 +228,32 @@ def kept_masks(module, seq_len: int) -> list[str]:
             for d in dims:
                 total *= n if d is None else d
             return total
-        files = re.findall(r'"([^"]+)":(\d+)', str(ops[0].location))
-        where = f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
         reason = re.sub(r"block argument %arg(\d+)", lambda m: names[int(m.group(1))]
                         if int(m.group(1)) < len(names) else m.group(0),
                         ir.StringAttr(ops[0].attributes[KEPT_MASK_ATTR]).value)
         long = 131072
-        lines.append(f"autosp: torch.aten.scaled_dot_product_attention{where} ({len(ops)} op(s)) keeps its "
-                     f"[{', '.join('S' if d is None else str(d) for d in dims)}] {dtype} attention mask "
+        lines.append(f"autosp: torch.aten.scaled_dot_product_attention{_source(ops[0])} ({len(ops)} op(s)) keeps its "
+                     f"{_dims(dims)} {dtype} attention mask "
                      f"materialised: {_human(nbytes(seq_len))} per rank at S={seq_len}, kept for backward "
                      f"({_human(nbytes(long))} at S={long}); not recognised as causal or a sliding window: {reason}")
     if unfused:
-        files = re.findall(r'"([^"]+)":(\d+)', str(unfused[0].location))
-        where = f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
         shape = vtensor_shape(unfused[0].results[0].type)
-        dims = shape[0] if shape is not None else []
-        lines.append(f"autosp: hand-written attention{where} ({len(unfused)} softmax op(s)) is not fused into "
-                     f"scaled_dot_product_attention: its [{', '.join('S' if d is None else str(d) for d in dims)}] "
+        lines.append(f"autosp: hand-written attention{_source(unfused[0])} ({len(unfused)} softmax op(s)) is not "
+                     f"fused into scaled_dot_product_attention: its {_dims(shape[0] if shape else [])} "
                      f"scores and probabilities stay, O(S^2) per layer, kept for backward; "
                      f"{ir.StringAttr(unfused[0].attributes[UNFUSED_ATTR]).value}")
     return lines
+
+
+def _source(op) -> str:
+    """`` at <last 3 path parts>:<line>`` of the model's source line an op comes from."""
+    files = re.findall(r'"([^"]+)":(\d+)', str(op.location))
+    return f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
+
+
+def _dims(dims) -> str:
+    """``[2, 1, S, S]``: a shape with its dynamic (sequence) dims as S."""
+    return f"[{', '.join('S' if d is None else str(d) for d in dims)}]"
 
 
 def _human(n: float) -> str:

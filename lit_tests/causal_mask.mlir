@@ -837,3 +837,49 @@ func.func @old_4d_helper(%arg0: !torch.vtensor<[2,2,16,8],f32>, %arg1: !torch.vt
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
   return %0 : !torch.vtensor<[2,2,16,8],f32>
 }
+
+// -----
+
+// The same helper comparing (mask + attention_mask) < 1 instead of == 0: an ordered float
+// comparison of integer data is not modelled (a large integer may round), so the mask is kept.
+// CHECK-LABEL: func.func @old_4d_helper_ordered_comparison_kept
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[0-9]+}}, %{{[^,]*}}, %false, %none, %false {autosp.mask_kept = "{{.*}}ordered float comparison
+func.func @old_4d_helper_ordered_comparison_kept(%arg0: !torch.vtensor<[2,2,16,8],f32>, %arg1: !torch.vtensor<[2,16],si64>) -> !torch.vtensor<[2,2,16,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %min = torch.constant.float -3.4028234663852886E+38
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %int6 = torch.constant.int 6
+  %int16 = torch.constant.int 16
+  %int-1 = torch.constant.int -1
+  %cpu = torch.constant.device "cpu"
+  %ss = torch.prim.ListConstruct %int16, %int16 : (!torch.int, !torch.int) -> !torch.list<int>
+  %full = torch.aten.full %ss, %min, %int6, %none, %cpu, %false : !torch.list<int>, !torch.float, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[16,16],f32>
+  %triu = torch.aten.triu %full, %int1 : !torch.vtensor<[16,16],f32>, !torch.int -> !torch.vtensor<[16,16],f32>
+  %ar = torch.aten.arange.start_step %int0, %int16, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[16],si64>
+  %cp = torch.aten.arange.start_step %int0, %int16, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[16],si64>
+  %shape = torch.prim.ListConstruct %int-1, %int1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %cpcol = torch.aten.view %cp, %shape : !torch.vtensor<[16],si64>, !torch.list<int> -> !torch.vtensor<[16,1],si64>
+  %later = torch.aten.gt.Tensor %ar, %cpcol : !torch.vtensor<[16],si64>, !torch.vtensor<[16,1],si64> -> !torch.vtensor<[16,16],i1>
+  %causal = torch.aten.mul.Tensor %triu, %later : !torch.vtensor<[16,16],f32>, !torch.vtensor<[16,16],i1> -> !torch.vtensor<[16,16],f32>
+  %c1 = torch.aten.unsqueeze %causal, %int0 : !torch.vtensor<[16,16],f32>, !torch.int -> !torch.vtensor<[1,16,16],f32>
+  %c2 = torch.aten.unsqueeze %c1, %int1 : !torch.vtensor<[1,16,16],f32>, !torch.int -> !torch.vtensor<[1,1,16,16],f32>
+  %es = torch.prim.ListConstruct %int2, %int1, %int-1, %int-1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %exp = torch.aten.expand %c2, %es, %false : !torch.vtensor<[1,1,16,16],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,16,16],f32>
+  %cl = torch.aten.clone %exp, %none : !torch.vtensor<[2,1,16,16],f32>, !torch.none -> !torch.vtensor<[2,1,16,16],f32>
+  %sl = torch.aten.slice.Tensor %cl, %int3, %none, %int16, %int1 : !torch.vtensor<[2,1,16,16],f32>, !torch.int, !torch.none, !torch.int, !torch.int -> !torch.vtensor<[2,1,16,16],f32>
+  %a1 = torch.aten.unsqueeze %arg1, %int1 : !torch.vtensor<[2,16],si64>, !torch.int -> !torch.vtensor<[2,1,16],si64>
+  %a2 = torch.aten.unsqueeze %a1, %int2 : !torch.vtensor<[2,1,16],si64>, !torch.int -> !torch.vtensor<[2,1,1,16],si64>
+  %sum = torch.aten.add.Tensor %sl, %a2, %int1 : !torch.vtensor<[2,1,16,16],f32>, !torch.vtensor<[2,1,1,16],si64>, !torch.int -> !torch.vtensor<[2,1,16,16],f32>
+  %padm = torch.aten.lt.Scalar %sum, %int1 : !torch.vtensor<[2,1,16,16],f32>, !torch.int -> !torch.vtensor<[2,1,16,16],i1>
+  %sl2 = torch.aten.slice.Tensor %cl, %int3, %none, %int16, %int1 : !torch.vtensor<[2,1,16,16],f32>, !torch.int, !torch.none, !torch.int, !torch.int -> !torch.vtensor<[2,1,16,16],f32>
+  %filled = torch.aten.masked_fill.Scalar %sl2, %padm, %min : !torch.vtensor<[2,1,16,16],f32>, !torch.vtensor<[2,1,16,16],i1>, !torch.float -> !torch.vtensor<[2,1,16,16],f32>
+  %m = torch.aten.slice_scatter %cl, %filled, %int3, %none, %int16, %int1 : !torch.vtensor<[2,1,16,16],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.int, !torch.none, !torch.int, !torch.int -> !torch.vtensor<[2,1,16,16],f32>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
+  return %0 : !torch.vtensor<[2,2,16,8],f32>
+}

@@ -828,12 +828,9 @@ class _MaskInterpreter:
         return _make_int(rank, regions)
 
     def _index(self, ops, rank: int):
-        """``src[idx_0, ..., idx_{m-1}]`` with tensor indices (advanced indexing). A boolean
-        ``src`` the domain cannot compute stays opaque: its elements become data atoms."""
-        try:
-            src = self.value(ops[0])
-        except NotProven as e:
-            src = self._data_source(ops[0], e)
+        """``src[idx_0, ..., idx_{m-1}]`` with tensor indices (advanced indexing). A ``src``
+        the domain cannot compute is data (:meth:`value`): its elements become atoms."""
+        src = self.value(ops[0])
         if not isinstance(src, (IntTensor, BoolTensor)):
             raise NotProven("index of an unknown tensor")
         idx_values = self._list(ops[1])
@@ -937,8 +934,15 @@ def _as_float(x) -> FloatTensor | None:
 
 
 # A float piece's value is a float constant, or a Lin: an integer-valued expression (an
-# integer tensor, e.g. attention_mask, promoted to float by arithmetic).
-_HUGE = 1e30  # |c| >= this absorbs any int64 added to it in f32/bf16/f64 (half an ulp is larger)
+# integer tensor, e.g. attention_mask, promoted to float by arithmetic). Float arithmetic
+# rounds, so a Lin is only kept where rounding cannot change the answer:
+# - |c| >= _HUGE absorbs any int64 added to it in f32, bf16 and f64 (half an ulp of 1e38 is
+#   2^73 in f64, 2^102 in f32, above 2^63), and orders before or after any of them;
+# - a Lin plus an integer constant below _EXACT, then compared == or != with such a constant:
+#   fl(x + c) == 0 exactly when x + c == 0, and an integer converts to a float equal to k
+#   (|k| < 2^24) only when it is k. Ordered comparisons and sums of two Lins are not modelled.
+_HUGE = 1e38
+_EXACT = 2 ** 24
 
 
 def _float_pieces(x) -> FloatTensor:
@@ -957,20 +961,22 @@ def _float_pieces(x) -> FloatTensor:
 def _as_lin(c) -> Lin:
     if isinstance(c, Lin):
         return c
-    if float(c).is_integer() and abs(c) < 2 ** 62:
+    if float(c).is_integer() and abs(c) < _EXACT:
         return Lin((), int(c))
-    raise NotProven(f"{c} is not an integer")
+    raise NotProven(f"{c} in float arithmetic with integer data (rounding)")
 
 
 def _fadd(a, c):
-    """The sum of two piece values (exact, or absorbed by a masking constant)."""
+    """The sum of two piece values (absorbed by a masking constant, or a Lin plus a small
+    integer constant; see _HUGE)."""
     if not isinstance(a, Lin) and not isinstance(c, Lin):
         return a + c
     for huge, other in ((a, c), (c, a)):
         if not isinstance(huge, Lin) and abs(huge) >= _HUGE and isinstance(other, Lin):
             return huge
-    total = _as_lin(a) + _as_lin(c)
-    return float(total.const) if total.is_const() else total
+    if isinstance(a, Lin) and isinstance(c, Lin):
+        raise NotProven("a float sum of two data values (rounding)")
+    return _as_lin(a) + _as_lin(c)
 
 
 def _fmul(a, c):
@@ -995,6 +1001,8 @@ def _fcompare(op: str, a, c):
             less = below != flip  # is a < c ?
             return TRUE if {"le": less, "lt": less, "ge": not less, "gt": not less, "eq": False,
                             "ne": True}[op] else FALSE
+    if op not in ("eq", "ne"):
+        raise NotProven(f"an ordered float comparison of data ({op}: rounding)")
     return _COMPARE[op](_as_lin(a), _as_lin(c))
 
 

@@ -63,7 +63,7 @@ def _ignore_padding_body(rank, world, queue, *args):
 
 def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
     import autosp
-    from autosp.testing.parity import parity, relative_error
+    from autosp.testing.parity import parameter_distance, parity, relative_error
     torch.manual_seed(seed)
     model = _model(kind, attn)
     reference = copy.deepcopy(model)
@@ -85,13 +85,7 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
                 o.zero_grad()
                 m(input_ids=ids, **kwargs).loss.backward()
                 o.step()
-        # Relative L2 distance over all parameters. (Adam normalises each element, so an
-        # element whose gradient sits at the fp32 rounding floor (~1e-8) takes a +-lr step
-        # either way; an element-wise max would measure those coin flips, not the training.)
-        num = sum(float((q.detach() - p.detach()).double().pow(2).sum())
-                  for p, q in zip(reference.parameters(), model.parameters()))
-        den = sum(float(p.detach().double().pow(2).sum()) for p in reference.parameters())
-        result["params"] = (num / den) ** 0.5
+        result["params"] = parameter_distance(reference, model)  # relative L2 (see its docstring)
         result["params_max_elementwise"] = max(relative_error(q, p)
                                                for p, q in zip(reference.parameters(), model.parameters()))
     queue.put((rank, result))

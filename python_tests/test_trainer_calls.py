@@ -148,8 +148,9 @@ def _packed_positions(seq: int, gen) -> torch.Tensor:
 
 
 def _batch(family: str, call: str, seq: int, gen):
-    """(input_ids, keyword arguments) of one trainer-style call, batch 2."""
-    ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+    """(input_ids, keyword arguments) of one trainer-style call, batch 2. The ids are a view
+    (``tokens[:, :-1]``), as a data loader hands them out."""
+    ids = torch.randint(0, VOCAB, (2, seq + 1), generator=gen)[:, :-1]
     labels = ids.clone()
     kwargs = {}
     if call == "plain":
@@ -184,7 +185,7 @@ def _loss(out):
 def _run_config(family, call, seq, seed, ignore_documents=False):
     import autosp
     from autosp.memory import SavedTensors
-    from autosp.testing.parity import parity
+    from autosp.testing.parity import parameter_distance, parity
     torch.manual_seed(seed)
     model = _model(family)
     reference = copy.deepcopy(model)
@@ -215,12 +216,7 @@ def _run_config(family, call, seq, seed, ignore_documents=False):
             o.zero_grad()
             _loss(m(input_ids=ids, **kwargs)).backward()
             o.step()
-    # Relative L2 distance over all parameters (see test_hf_models: Adam's element-wise
-    # normalisation turns fp32-floor gradients into +-lr coin flips, which a max would measure).
-    num = sum(float((q.detach() - p.detach()).double().pow(2).sum())
-              for p, q in zip(reference.parameters(), model.parameters()))
-    den = sum(float(p.detach().double().pow(2).sum()) for p in reference.parameters())
-    result["params"] = (num / den) ** 0.5
+    result["params"] = parameter_distance(reference, model)  # relative L2 (see its docstring)
     return result
 
 

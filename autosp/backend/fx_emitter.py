@@ -4,9 +4,9 @@ Every ``torch.aten.X.ovl`` op becomes a call of ``torch.ops.aten.X.ovl`` (``defa
 when there is no overload), so the emitted graph runs on PyTorch's own kernels and
 autograd differentiates it. Constants and lists become Python values; integers that
 encode dtypes, layouts or memory formats are converted using the overload's schema;
-``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`; an SDPA marked with
-``autosp.window`` (a proven sliding window) calls
-:func:`autosp.runtime.attention.sliding_window_attention`.
+``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`; an SDPA marked with a
+proven mask structure (``autosp.documents``, ``autosp.window``, ``autosp.key_padding``,
+``autosp.empty_rows``) calls the matching kernel of :mod:`autosp.runtime.attention`.
 
 Example::
 

@@ -13,8 +13,6 @@ mask (transformers' causal + padding mask, which it builds as [B, 1, S, S]): on 
 fused kernel call with ``is_causal`` and the broadcast mask, O(S) bytes. (On CUDA the
 padding is combined with an S x S causal bias: correct, not yet memory-saving.)
 
-
-
 :func:`document_attention` is causal attention (or a causal sliding window) within
 documents: query ``i`` of row ``b`` sees key ``j`` only if ``docs[b, i] == docs[b, j]``
 (transformers' packed sequences, whose mask it builds as [B, 1, S, S] from

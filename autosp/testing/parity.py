@@ -28,6 +28,17 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def parameter_distance(reference: torch.nn.Module, candidate: torch.nn.Module) -> float:
+    """Relative L2 distance ``|candidate - reference| / |reference|`` over all parameters (in
+    order), e.g. after a few optimizer steps side by side. Adam normalises each element, so an
+    element whose gradient sits at the fp32 rounding floor (~1e-8) takes a +-lr step either
+    way; an element-wise max would measure those coin flips, not the training."""
+    pairs = list(zip(reference.parameters(), candidate.parameters()))
+    num = sum(float((q.detach() - p.detach()).double().pow(2).sum()) for p, q in pairs)
+    den = sum(float(p.detach().double().pow(2).sum()) for p, _ in pairs)
+    return (num / den) ** 0.5
+
+
 @dataclass
 class ParityReport:
     outputs: dict[str, float] = field(default_factory=dict)
