@@ -36,6 +36,7 @@ from autosp.ir.core import body_ops, funcs, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
+from autosp.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
@@ -98,10 +99,11 @@ class Transformed:
 
 def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
               gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-              checkpointing: str = "off", group_name: str = "sp") -> Transformed:
+              checkpointing: str = "off", group_name: str = "sp", plan: MemoryPlan | None = None) -> Transformed:
     """Export ``model`` on these example inputs and run the pass pipeline for ``sp_size``
-    ranks (plus ``autosp-checkpoint`` unless ``checkpointing="off"``). The result is the same
-    on every rank: collectives name their group ``group_name`` and find their rank at run time."""
+    ranks, then the memory passes: ``plan``'s (:meth:`MemoryPlan.pipeline`), or
+    ``autosp-checkpoint`` unless ``checkpointing="off"``. The result is the same on every
+    rank: collectives name their group ``group_name`` and find their rank at run time."""
     start = time.perf_counter()
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
@@ -110,9 +112,10 @@ def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: in
                             f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
                             f"gather-outputs={str(gather_outputs).lower()}}})")
     run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
-    if checkpointing != "off":
-        run_pipeline(imported.module, f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})",
-                     PipelineOptions(dump_dir=dump_dir))
+    memory = plan.pipeline() if plan is not None else (
+        f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})" if checkpointing != "off" else None)
+    if memory is not None:
+        run_pipeline(imported.module, memory, PipelineOptions(dump_dir=dump_dir))
     bind_group(imported.module, group_name)
     mlir["transformed"] = str(imported.module)
     timings = dict(imported.timings, pipeline_s=time.perf_counter() - t0, transform_s=time.perf_counter() - start)
@@ -172,7 +175,8 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
         unshard_groups = fsdp.insert_unshard_points(gm, [g for g in groups if g])
     program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
                               transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
-                              sync_points_in_graph=in_graph, unshard_groups=unshard_groups)
+                              sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
+                              dropped_outputs=dropped_results(transformed.module))
     compile_ = None
     if backend is not None:
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
@@ -188,16 +192,25 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     return program
 
 
+def dropped_results(module) -> list[int]:
+    """The results ``autosp-tile-loss{drop-logits}`` removed from ``@main`` (the logits)."""
+    from autosp.passes.tile_loss import DROPPED_ATTR
+    from autosp.ir.core import main_func
+    func = main_func(module)
+    return [ir.IntegerAttr(a).value for a in func.attributes[DROPPED_ATTR]] if DROPPED_ATTR in func.attributes else []
+
+
 def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
                   gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
                   verbose: bool = False, backend: str | None = None, checkpointing: str = "off",
-                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
+                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20,
+                  plan: MemoryPlan | None = None) -> CompiledProgram:
     """:func:`transform` then :func:`emit_program`, on this rank alone. Needs no process
     group: the program's collectives name their group ``group_name``, bound to a process
     group with ``collectives.register_group`` before the program runs."""
     transformed = transform(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, gather_outputs=gather_outputs,
                             pipeline=pipeline, dump_dir=dump_dir, checkpointing=checkpointing,
-                            group_name=group_name)
+                            group_name=group_name, plan=plan)
     return emit_program(model, transformed, verbose=verbose, backend=backend, checkpointing=checkpointing,
                         grad_bucket_bytes=grad_bucket_bytes)
 
@@ -243,6 +256,23 @@ def kept_masks(module, seq_len: int) -> list[str]:
                      f"scores and probabilities stay, O(S^2) per layer, kept for backward; "
                      f"{ir.StringAttr(unfused[0].attributes[UNFUSED_ATTR]).value}")
     return lines
+
+
+def parse_bytes(value: int | str) -> int:
+    """``"70GiB"``, ``"512 MiB"``, ``"1.5e9"``, ``"2GB"`` or an int -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise AutospError(f"memory_budget must be positive, got {value}")
+        return value
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in units:
+        raise AutospError(f"memory_budget: cannot read {value!r} as bytes (e.g. 80 * 2**30, \"70GiB\", \"512MiB\")")
+    n = int(float(m.group(1)) * units[m.group(2).lower()])
+    if n <= 0:
+        raise AutospError(f"memory_budget must be positive, got {value!r}")
+    return n
 
 
 def _source(op) -> str:
@@ -309,9 +339,16 @@ class AutospModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
                  verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True,
-                 checkpointing: str = "off", grad_bucket_bytes: int = 25 << 20):
+                 checkpointing: str = "off", grad_bucket_bytes: int = 25 << 20,
+                 memory_plan: MemoryPlan | None = None, memory_budget: int | str | None = None,
+                 drop_logits: bool = False, optimizer: str = "adamw"):
         super().__init__()
         self.module = model
+        self.memory_plan = memory_plan
+        self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
+        self.drop_logits = drop_logits
+        self.optimizer = optimizer
+        self.plans: dict[object, MemoryPlan] = {}  # the plan each compiled signature was built with
         self.sp_size = _resolve_sp_size(sp_size, group)
         self.group = group
         self.seq_dim = seq_dim
@@ -427,9 +464,11 @@ class AutospModule(torch.nn.Module):
         """Transform on the group's first rank and send the program to the others (it is
         the same on every rank); each rank emits its own GraphModule."""
         def run():
+            # On the group's first rank only: every rank runs the program (and plan) it sends.
+            plan = self._plan(args, kwargs)
             return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             checkpointing=self.checkpointing, group_name=self.group_name)
+                             checkpointing=self.checkpointing, group_name=self.group_name, plan=plan)
 
         group = self.sp_group
         if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
@@ -446,6 +485,24 @@ class AutospModule(torch.nn.Module):
         program.shard_scale = self.shard_scale
         program.sharded_names = self.sharded_names
         return program
+
+    def _plan(self, args, kwargs) -> MemoryPlan | None:
+        """The memory plan of this compilation: ``memory_plan``, or the planner's for
+        ``memory_budget`` at this call's sequence length (the same on every rank: the
+        planner is deterministic and every rank passes the same inputs)."""
+        if self.memory_plan is not None:
+            plan = self.memory_plan
+        elif self.memory_budget is not None:
+            from autosp.planner import plan_memory
+            plan = plan_memory(self.module, args, kwargs, self.memory_budget, sp_size=self.sp_size,
+                               seq_dim=self.seq_dim, drop_logits=self.drop_logits, verbose=self.verbose,
+                               optimizer=self.optimizer,
+                               fsdp=dist.get_world_size() if self.sharded_names and dist.is_initialized() else 1)
+        elif self.drop_logits:
+            plan = MemoryPlan(mode=self.checkpointing, drop_logits=True)
+        else:
+            return None
+        return plan
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):

@@ -75,7 +75,7 @@ class MemoryEstimate:
                 f"peak {self.peak_bytes / MiB:.1f} MiB, activation peak {self.activation_peak_bytes / MiB:.1f} MiB")
 
 
-def _meta_model(model_or_config, dtype: torch.dtype) -> torch.nn.Module:
+def _meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
     from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     if isinstance(model_or_config, str):
         if model_or_config not in LLAMA_PRESETS:
@@ -83,13 +83,20 @@ def _meta_model(model_or_config, dtype: torch.dtype) -> torch.nn.Module:
         # The presets' values mix ints and bools: mypy infers dict[str, int] for them.
         preset: dict[str, Any] = LLAMA_PRESETS[model_or_config]
         model_or_config = LlamaConfig(**preset)
+    if dtype is None and not isinstance(model_or_config, torch.nn.Module):
+        dtype = torch.bfloat16
     if isinstance(model_or_config, LlamaConfig):
         with torch.device("meta"):
             model = LlamaLike(model_or_config)
     elif isinstance(model_or_config, torch.nn.Module):
         model = model_or_config
         if any(p.device.type != "meta" for p in model.parameters()):
-            model = copy.deepcopy(model).to("meta")
+            # A copy whose parameters and buffers are meta tensors (no data is copied).
+            memo: dict = {}
+            for t in [*model.parameters(), *model.buffers()]:
+                meta = torch.empty_like(t, device="meta")
+                memo[id(t)] = torch.nn.Parameter(meta, t.requires_grad) if isinstance(t, torch.nn.Parameter) else meta
+            model = copy.deepcopy(model, memo)
     elif hasattr(model_or_config, "to_dict") and hasattr(model_or_config, "model_type"):  # a transformers config
         from transformers import AutoModelForCausalLM
         with torch.device("meta"):
@@ -97,7 +104,7 @@ def _meta_model(model_or_config, dtype: torch.dtype) -> torch.nn.Module:
     else:
         raise TypeError("estimate_memory expects an nn.Module, an autosp LlamaConfig, a transformers config "
                         f"or a preset name, got {type(model_or_config).__name__}")
-    return model.to(dtype)
+    return model.to(dtype) if dtype is not None else model
 
 
 def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -132,26 +139,31 @@ class MemoryModel:
     data-dependent kernels see no values there (documents run as one document, which
     keeps the same bytes)."""
 
-    def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+    def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype | None = torch.bfloat16,
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
-                 fsdp: int = 1, inputs=None):
-        from autosp.api import CHECKPOINTING, build_program
+                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None):
+        from autosp.api import CHECKPOINTING, emit_program, transform
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
         from autosp.runtime import fsdp as fsdp_runtime
         if checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
-        if optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+        if optimizer not in ("adamw", "sgd", "none"):
+            raise ValueError(f"optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
         self.model = _meta_model(model_or_config, dtype)
-        self.sp_size, self.dtype, self.checkpointing, self.batch, self.rank = sp_size, dtype, checkpointing, batch, rank
+        self.dtype = dtype or next(self.model.parameters()).dtype
+        self.sp_size, self.checkpointing, self.batch, self.rank = sp_size, checkpointing, batch, rank
         self.optimizer = optimizer
         self.inputs = inputs
+        self.call = call  # seq_len -> (args, kwargs) on meta: the call to estimate (else ids + labels)
         example = torch.zeros(batch, max(16, 4 * sp_size), dtype=torch.long, device="meta")
+        args, kwargs = call(max(16, 4 * sp_size)) if call is not None else ((example,), self._kwargs(example))
         start = time.perf_counter()
         with collectives.simulate(sp_size, rank or 0):
-            self.program = build_program(self.model, (example,), self._kwargs(example), sp_size=sp_size,
-                                         checkpointing=checkpointing)
+            if transformed is None:
+                transformed = transform(self.model, args, kwargs, sp_size=sp_size, checkpointing=checkpointing,
+                                        plan=plan)
+            self.program = emit_program(self.model, transformed, checkpointing=checkpointing)
         _use_flash_attention(self.program.graph_module)
         gm = self.program.graph_module
         self.fsdp = fsdp
@@ -195,6 +207,8 @@ class MemoryModel:
         grad_bytes = n * size
         if self.optimizer == "adamw":
             optimizer_bytes = n * 8 + (n * 4 if size < 4 else 0)  # fp32 moments (+ fp32 master weights)
+        elif self.optimizer == "none":
+            optimizer_bytes = 0
         else:
             optimizer_bytes = n * 4 if size < 4 else 0
         return param_bytes, grad_bytes, optimizer_bytes
@@ -215,7 +229,8 @@ class MemoryModel:
         from autosp.runtime import collectives
         start = time.perf_counter()
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
-        leaves, _ = pytree.tree_flatten(((ids,), self._kwargs(ids)))
+        call = self.call(seq_len) if self.call is not None else ((ids,), self._kwargs(ids))
+        leaves, _ = pytree.tree_flatten(call)
         params = list(self.model.parameters())
         if self.fsdp > 1:
             params = self._shards  # the gradients are the local shards' (the whole ones: transient)

@@ -14,6 +14,8 @@ from autosp.passes.fuse_attention import FuseAttention
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 from autosp.passes.sp_pipeline import SequenceParallelPipeline
+from autosp.passes.tile_loss import TileLoss
+from autosp.passes.tile_tokens import TileTokens
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p
@@ -26,6 +28,8 @@ PASSES: dict[str, type[ModulePass]] = {
         PartitionAttention,
         SequenceParallelPipeline,
         ShardSequence,
+        TileLoss,
+        TileTokens,
     )
 }
 

@@ -74,17 +74,24 @@ class Checkpoint(ModulePass):
 
     name: ClassVar[str] = "autosp-checkpoint"
     mode: str = "sac"
+    layers: str = ""
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise PassOptionError(f"option 'mode' of pass '{self.name}' must be one of "
                                   f"{', '.join(MODES)}, got '{self.mode}'")
+        for choice in filter(None, self.layers.split(",")):
+            if choice.removesuffix("+offload") not in LAYER_MODES:
+                raise PassOptionError(f"option 'layers' of pass '{self.name}': '{choice}' is not one of "
+                                      f"{', '.join(LAYER_MODES)} (optionally with '+offload')")
 
     def apply(self, module) -> None:
-        plan_checkpoints(module, self.mode)
+        plan_checkpoints(module, self.mode, [c for c in self.layers.split(",") if c] or None)
 
 
 MODES = ("sac", "sac-min", "full")  # the one definition (autosp.compile adds "off")
+LAYER_MODES = ("keep", *MODES)  # per region (option ``layers``): "keep" recomputes nothing
+OFFLOAD_ATTR = "autosp.offload"  # on a region's segment ops: its kept inputs go to host memory
 _IGNORED = (BIND_SHAPE, "func.return")
 
 
@@ -108,8 +115,10 @@ def is_attention_op(op) -> bool:
 
 
 def is_anchor(op) -> bool:
-    """Kept in ``sac`` mode: attention and communication."""
-    return op_name(op) in COMMUNICATION_OPS or is_attention_op(op)
+    """Kept in ``sac`` mode: attention, communication, and the tiled LM head
+    (``autosp.vocab_logprob``: it keeps only its [N, H] input, and recomputing it would
+    cost a second [N, H] x [H, V] product)."""
+    return op_name(op) in (*COMMUNICATION_OPS, "autosp.vocab_logprob") or is_attention_op(op)
 
 
 def _layer_markers(ops) -> list[int]:
@@ -159,10 +168,12 @@ def _cuts(ops, markers: list[int]) -> list[int]:
     return cuts
 
 
-def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
+def plan_checkpoints(module, mode: str = "sac", layers: list[str] | None = None) -> CheckpointPlan:
     """Annotate ``@main``'s ops: ``autosp.region`` (every op), ``autosp.segment`` (ops
     recomputed in backward, numbered in execution order), ``autosp.save`` (anchors kept in
-    ``sac`` mode). See the module docstring."""
+    ``sac`` mode). See the module docstring. ``layers``: one choice per region instead of
+    ``mode`` for all (``keep``: nothing recomputed; a ``+offload`` suffix marks the
+    region's segments ``autosp.offload``: their kept inputs go to host memory)."""
     func = main_func(module)
     if mode not in MODES:
         raise DiagnosticError.at(func, f"unknown checkpointing mode '{mode}' (expected one of: {', '.join(MODES)})")
@@ -174,6 +185,10 @@ def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
                                        "torch.aten.scaled_dot_product_attention and no op on an "
                                        "[..., S, S] tensor)")
     cuts = _cuts(ops, markers)
+    choices = layers or [mode] * (len(cuts) + 1)
+    if len(choices) != len(cuts) + 1:
+        raise DiagnosticError.at(func, f"has {len(cuts) + 1} checkpoint regions (one per attention layer, the "
+                                       f"last with the head and loss), but option 'layers' gives {len(choices)}")
     region_of = []
     r = 0
     for i in range(len(ops)):
@@ -185,8 +200,11 @@ def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
     level: dict = {}
     producer_anchor: dict = {}
     keys: list = []
+    def mode_of(i: int) -> str:
+        return choices[region_of[i]].removesuffix("+offload")
+
     for i, op in enumerate(ops):
-        anchor = mode == "sac" and is_anchor(op)
+        anchor = mode_of(i) == "sac" and is_anchor(op)
         lvl = 0
         for v in op.operands:
             if v in level and level[v][0] == region_of[i]:
@@ -199,10 +217,14 @@ def plan_checkpoints(module, mode: str = "sac") -> CheckpointPlan:
     with func.context:
         for i, op in enumerate(ops):
             op.attributes["autosp.region"] = i64(region_of[i])
+            if mode_of(i) == "keep":
+                continue
             if keys[i] is None:
                 op.attributes["autosp.save"] = ir.UnitAttr.get()
             else:
                 op.attributes["autosp.segment"] = i64(numbers.setdefault(keys[i], len(numbers)))
-                if mode == "sac-min" and op_name(op) == SDPA_OP:
+                if mode_of(i) == "sac-min" and op_name(op) == SDPA_OP:
                     op.attributes["autosp.replay"] = ir.UnitAttr.get()
+                if choices[region_of[i]].endswith("+offload"):
+                    op.attributes[OFFLOAD_ATTR] = ir.UnitAttr.get()
     return CheckpointPlan(regions=len(cuts) + 1, segments=len(numbers), anchors=keys.count(None))

@@ -129,17 +129,57 @@ class _RecomputeFunction(torch.autograd.Function):
 
 class Recompute(torch.nn.Module):
     """Run ``inner`` keeping only its inputs for backward (recomputed then), when a
-    gradient is needed; else just run it."""
+    gradient is needed; else just run it. With an ``offload``
+    (:class:`autosp.runtime.offload.Offloader`) the kept inputs go to host memory."""
 
-    def __init__(self, inner: torch.nn.Module, replay: bool = False):
+    def __init__(self, inner: torch.nn.Module, replay: bool = False, offload=None, activations=None):
         super().__init__()
         self.inner = inner
         self.replay = replay  # keep fused attention's outputs instead of recomputing attention
+        self.offload = offload
+        self.activations = activations  # per argument: offloaded (it has the sequence dim); None: all
 
     def forward(self, *args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if self.offload is not None:
+                only = None if self.activations is None else [
+                    a for a, act in zip(args, self.activations) if act and isinstance(a, torch.Tensor)]
+                with self.offload.hooks(only):
+                    return _RecomputeFunction.apply(self.inner, self.replay, *args)
             return _RecomputeFunction.apply(self.inner, self.replay, *args)
         return self.inner(*args)
+
+
+def tiled_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with each token-wise run (nodes marked ``autosp_tile`` by
+    ``autosp-tile-tokens``) split into a submodule run in ``autosp_tiles`` sequence chunks
+    (:class:`autosp.runtime.tiling.Tiled`); each input and output is cut along its
+    ``autosp_seq_dim``. ``gm`` itself when nothing is marked."""
+    from autosp.runtime.tiling import Tiled
+    if not any("autosp_tile" in n.meta for n in gm.graph.nodes):
+        return gm
+    keys: dict[torch.fx.Node, str] = {}
+    seen: set = set()
+    tiles: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        tile = node.meta.get("autosp_tile")
+        if tile is not None:
+            seen.add(tile)
+            keys[node] = f"tile{tile}"
+            tiles[f"submod_tile{tile}"] = node.meta["autosp_tiles"]
+        else:
+            keys[node] = f"rest{len(seen)}"
+    split = split_module(gm, gm, lambda n: keys[n])
+    for name, child in list(split.named_children()):
+        if name in tiles:
+            in_dims = [n.meta.get("autosp_seq_dim") for n in child.graph.nodes if n.op == "placeholder"]
+            (out,) = [n for n in child.graph.nodes if n.op == "output"]
+            results = out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+            out_dims = [r.meta.get("autosp_seq_dim") if isinstance(r, torch.fx.Node) else None for r in results]
+            setattr(split, name, Tiled(child, tiles[name], in_dims, out_dims))
+    return split
 
 
 def has_plan(gm: torch.fx.GraphModule) -> bool:
@@ -192,10 +232,19 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
 
     split = split_module(gm, gm, partition)
     _sync_points_before_first_use(split)
+    offloader = None
     for name, child in list(split.named_children()):
         if name.startswith("submod_segment"):
             replay = any(n.meta.get("autosp_replay") for n in child.graph.nodes)
-            inner = compile_segment(child) if compile_segment is not None else child
-            setattr(split, name, Recompute(inner, replay))
+            offload = None
+            if any(n.meta.get("autosp_offload") for n in child.graph.nodes):
+                from autosp.runtime.offload import Offloader
+                offloader = offload = offloader or Offloader()
+            inner = tiled_module(child)
+            inner = compile_segment(inner) if compile_segment is not None else inner
+            activations = [n.meta.get("autosp_seq_dim") is not None for n in child.graph.nodes
+                           if n.op == "placeholder"]
+            setattr(split, name, Recompute(inner, replay, offload, activations))
+    split.meta["autosp_offloader"] = offloader
     split.meta["autosp_segments"] = sum(1 for n, _ in split.named_children() if n.startswith("submod_segment"))
     return split

@@ -68,6 +68,24 @@ _AUTOSP_OPS = {
 }
 
 
+def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softmax_dtype: str = ""):
+    """``autosp.vocab_logprob`` (``autosp-tile-loss``): its attributes read into
+    :func:`autosp.runtime.tiling.vocab_logprob`'s arguments (``"div(30.0) tanh"`` ->
+    ``(("div", 30.0), ("tanh",))``, ``"f32"`` -> ``torch.float32``)."""
+    from autosp.runtime import tiling
+    parsed: list[tuple] = []
+    for step in steps.split():
+        kind, _, arg = step.partition("(")
+        arg = arg.rstrip(")")
+        parsed.append((kind,) if not arg else (kind, _MLIR_TO_TORCH_DTYPE[arg] if kind == "cast" else float(arg)))
+    return tiling.vocab_logprob(h, weight_t, index, steps=tuple(parsed),
+                                softmax_dtype=_MLIR_TO_TORCH_DTYPE[softmax_dtype] if softmax_dtype else None,
+                                chunk=chunk or None)
+
+
+_AUTOSP_OPS["autosp.vocab_logprob"] = (vocab_logprob, ("h", "weight_t", "index"))
+
+
 def resolve_torch_op(name: str):
     """``torch.aten.add.Tensor`` -> ``torch.ops.aten.add.Tensor`` (None if PyTorch has no such op)."""
     if name in _RENAMED:
@@ -135,6 +153,12 @@ class _Emitter:
             last = self.graph._root.prev
             self.emit_op(op)
             self._copy_plan(op, last)
+        # Each tensor's sequence dim (its one dynamic dim), read by the tiled runs' backend.
+        for value in [*block.arguments, *[r for op in body_ops(self.func) for r in op.results]]:
+            node, shape = self.values.get(value), vtensor_shape(value.type)
+            if isinstance(node, torch.fx.Node) and shape is not None:
+                dynamic = [i for i, d in enumerate(shape[0]) if d is None]
+                node.meta["autosp_seq_dim"] = dynamic[0] if len(dynamic) == 1 else None
         gm = torch.fx.GraphModule(self.root, self.graph)
         gm.graph.lint()
         return gm
@@ -150,6 +174,11 @@ class _Emitter:
             plan["autosp_replay"] = True
         if "autosp.region" in op.attributes:
             plan["autosp_region"] = op.attributes["autosp.region"].value
+        if "autosp.offload" in op.attributes:
+            plan["autosp_offload"] = True
+        if "autosp.tile" in op.attributes:
+            plan["autosp_tile"] = op.attributes["autosp.tile"].value
+            plan["autosp_tiles"] = op.attributes["autosp.tiles"].value
         if not plan:
             return
         node = last.next

@@ -45,6 +45,7 @@ class CompiledProgram:
     unshard_order: list[int] = field(default_factory=list)  # the runner's order of calling the groups
     unsharder_factory: Callable | None = None  # (groups, order) -> an fsdp.Unsharder (default: the real one)
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
+    dropped_outputs: list[int] = field(default_factory=list)  # output leaves removed by autosp-tile-loss (None)
 
     def _check_sharded(self, state: list) -> None:
         for a, t in zip((a for a in self.args if a.kind != "input"), state):
@@ -97,5 +98,7 @@ class CompiledProgram:
         if grad_sync is not None:
             state = grad_sync.arm(state, self.grad_buckets, issue_here=not self.sync_points_in_graph)
         with tokens if tokens is not None else contextlib.nullcontext():
-            outputs = run(*state, *inputs)
-        return pytree.tree_unflatten(list(outputs), self.out_spec)
+            outputs = list(run(*state, *inputs))
+        for i in self.dropped_outputs:  # the logits, with drop_logits: never computed
+            outputs.insert(i, None)
+        return pytree.tree_unflatten(outputs, self.out_spec)

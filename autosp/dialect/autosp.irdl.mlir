@@ -101,6 +101,23 @@ irdl.dialect @autosp {
     irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "new_lo" = %new_lo, "new_trim" = %new_trim,
                       "group" = %group }
   }
+  // The LM head's log-probability of each row's label, computed in chunks of `chunk`
+  // rows (0: chosen at run time): log_softmax(steps(hidden @ weight))[row, index[row]].
+  // `steps`: the element-wise ops between the head and the log-softmax ("cast(f32)",
+  // "div(30.0) tanh mul(30.0)"); `softmax_dtype`: log_softmax's dtype ("" for none).
+  // hidden: [N, H], weight: [H, V], index: [N, 1] -> [N, 1]. No [N, V] tensor lives whole.
+  irdl.operation @vocab_logprob {
+    %tensor = irdl.base "!torch.vtensor"
+    %weight = irdl.base "!torch.vtensor"
+    %index = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %chunk = irdl.base "#builtin.integer"
+    %steps = irdl.base "#builtin.string"
+    %dtype = irdl.base "#builtin.string"
+    irdl.operands(hidden: %tensor, weight: %weight, index: %index)
+    irdl.results(output: %result)
+    irdl.attributes { "chunk" = %chunk, "steps" = %steps, "softmax_dtype" = %dtype }
+  }
   // How many positions of the window [lo, seq_len - trim) this rank holds.
   irdl.operation @local_len {
     %int = irdl.base "!torch.int"
