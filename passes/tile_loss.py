@@ -184,6 +184,10 @@ def _match(gather):
     rank = len(_shape(lp)[0])
     if rank != 2 or const_int(gather.operands[1]) not in (1, -1) or const_int(softmax.operands[1]) not in (1, -1):
         raise _NoMatch("not a [N, V] log-softmax and gather over the last dim")
+    if op_name(softmax) == "torch.aten._log_softmax" and (
+            op_name(producer(softmax.operands[2])) != "torch.constant.bool"
+            or ir.BoolAttr(producer(softmax.operands[2]).attributes["value"]).value):
+        raise _NoMatch("a half-to-float log-softmax")
     if _users(lp) != [gather]:
         raise _NoMatch("the log-probabilities have other users")
     if op_name(producer(gather.operands[3])) != "torch.constant.bool" or \

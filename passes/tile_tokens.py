@@ -199,6 +199,8 @@ def _runs(func) -> list[list]:
         if name.startswith(_TRANSPARENT):
             continue
         segment = op.attributes["autosp.segment"].value if "autosp.segment" in op.attributes else None
+        if key is not None and segment != key and _on_weights(op):
+            continue  # a weight op the checkpoint plan put in another segment: an input of the run
         reason = row_wise(op) if segment is not None else "not in a checkpoint segment"
         if reason is None and segment == key:
             current.append(op)
@@ -213,6 +215,12 @@ def _runs(func) -> list[list]:
     return runs
 
 
+def _on_weights(op) -> bool:
+    """A row-wise op without the sequence anywhere (a permute or cast of a weight)."""
+    values = _tensors(op.operands) + _tensors(op.results)
+    return bool(values) and all(_seq(_shape(v)) is None for v in values) and row_wise(op) is None
+
+
 def _boundary(run) -> tuple[list, list]:
     """The tensor values a run reads from outside, and those it defines that are used outside."""
     inside = {op.operation for op in run}
@@ -223,20 +231,26 @@ def _boundary(run) -> tuple[list, list]:
     return reads, outs
 
 
+def _one_layout(run) -> bool:
+    reads, outs = _boundary(run)
+    prefixes = {_prefix(v) for v in reads + outs if _prefix(v) is not None}
+    return len(prefixes) == 1 and any(_prefix(v) is not None for v in outs)
+
+
 def tile_tokens(module, tiles: int) -> int:
     """Mark the token-wise runs (see the module docstring); returns how many."""
     if tiles <= 1:
         return 0
     func = main_func(module)
     count = 0
-    for run in _runs(func):
-        if not any(op_name(op) in _MATMULS for op in run):
-            continue
-        reads, outs = _boundary(run)
-        prefixes = {_prefix(v) for v in reads + outs if _prefix(v) is not None}
-        if len(prefixes) != 1 or not outs or any(_prefix(v) is None for v in outs):
-            _log.info("autosp-tile-tokens: a run at %s is not tiled: its inputs and outputs do not share one "
-                      "token layout", run[0].location)
+    for whole in _runs(func):
+        # The longest leading part of the run whose inputs and outputs share one token
+        # layout (a run that ends in the head returns merged [B*S, H] rows too).
+        run = next((whole[:n] for n in range(len(whole), 0, -1) if _one_layout(whole[:n])), None)
+        if run is None or not any(op_name(op) in _MATMULS for op in run):
+            if any(op_name(op) in _MATMULS for op in whole):
+                _log.info("autosp-tile-tokens: a run at %s is not tiled: its inputs and outputs do not share one "
+                          "token layout", whole[0].location)
             continue
         with func.context:
             for op in run:

@@ -82,8 +82,7 @@ def _parity(rank, world, queue, which, seed, seq, drop_chunk):
         tiling.vocab_logprob = original
 
 
-@pytest.mark.parametrize("which,world,seq", [("llamalike", 2, 37), ("hf_tied", 2, 37), ("outside", 2, 36),
-                                             ("hf_tied", 4, 38)])
+@pytest.mark.parametrize("which,world,seq", [("llamalike", 2, 37), ("outside", 2, 36), ("hf_tied", 4, 38)])
 def test_tiled_loss_and_blocks_match_single_device(which, world, seq, _fresh_seed):
     """3 AdamW steps of a plan using every mechanism, against eager on the full sequence:
     the loss and every gradient within 1e-5 (S not divisible by P; loss inside, tied
@@ -118,7 +117,7 @@ def _budget(rank, world, queue, seq):
         return report.peak_bytes, time.perf_counter() - t0
 
     found = {}
-    for name, options in [("off", {}), ("sac", dict(checkpointing="sac"))]:
+    for name, options in [("off", {})]:
         model = copy.deepcopy(base)
         compiled = autosp.compile(model, **options)
         compiled(ids, labels=ids)["loss"].backward()  # compile first
@@ -135,18 +134,17 @@ def _budget(rank, world, queue, seq):
     grad = max(relative_error(mine[n].grad, p.grad) for n, p in ref.named_parameters())
     planned = measure(model, compiled)
     queue.put((rank, dict(budget=budget, measured=params + planned[0], loss=relative_error(loss.detach(), loss_ref),
-                          grad=grad, seconds=(found["off"][1], found["sac"][1], planned[1]))))
+                          grad=grad)))
 
 
 def test_memory_budget_holds_when_measured():
     """V=8192, hidden 64, S=2048 at P=2: budget = parameter bytes + 0.35 x the unbudgeted
-    measured peak; the measured peak stays within it, at parity (times printed: the ratio
-    belongs to bench/, not to a test)."""
+    measured peak; the measured peak stays within it, at parity (step times against SAC
+    and no checkpointing: bench/memory_budget.py)."""
     results = run_ranks(_budget, 2, args=(2048,), timeout=300)
     for rank, r in results.items():
         assert r["measured"] <= r["budget"], (rank, r)
         assert r["loss"] <= 1e-5 and r["grad"] <= 1e-5, (rank, r)
-        print(f"rank {rank}: step s off / sac / budgeted = {r['seconds']}")
 
 
 def test_infeasible_budget_names_the_smallest_feasible_one():

@@ -11,17 +11,33 @@
 // CHECK-NEXT:   autosp-causal-mask{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-checkpoint{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     mode (str, default sac)
+// CHECK-NEXT:     layers (str, default )
 // CHECK-NEXT:   autosp-dce{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-fuse-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-partition-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     sp-size (int, default 2)
-// CHECK:      Upstream MLIR and torch-mlir passes {{.*}} are also accepted in --pass-pipeline.
+// CHECK-NEXT:     group (str, default sp)
+// CHECK-NEXT:   autosp-shard-sequence{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:     group (str, default sp)
+// CHECK-NEXT:     gather-outputs (bool, default False)
+// CHECK-NEXT:   autosp-sp-pipeline{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:     sp-size (int, default 2)
+// CHECK-NEXT:     group (str, default sp)
+// CHECK-NEXT:     gather-outputs (bool, default False)
+// CHECK-NEXT:   autosp-tile-loss{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:     chunk (int, default 0)
+// CHECK-NEXT:     drop-logits (bool, default False)
+// CHECK-NEXT:   autosp-tile-tokens{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:     tiles (int, default 4)
+// CHECK-NEXT: Upstream MLIR and torch-mlir passes {{.*}} are also accepted in --pass-pipeline.
 
 // HELP: usage: autosp-opt
 // HELP: --pass-pipeline
 // HELP: --split-input-file
 // HELP: --verify-diagnostics
 // HELP: --autosp-dce
+// HELP: --autosp-tile-loss
+// HELP: --autosp-tile-tokens
 // HELP: --canonicalize
 
 // DIALECT: autosp{{[/\\]}}dialect{{[/\\]}}autosp.irdl.mlir

@@ -1,0 +1,106 @@
+"""``memory_budget`` measured on CPU: peak and step time of the budgeted plan against SAC
+and no checkpointing, side by side in one run (P=2 gloo ranks, a Llama-style model with a
+large vocabulary), then the memory model's max context for Llama-3-8B with each mechanism.
+
+    python bench/memory_budget.py --measure            # the CPU table (V=8192, hidden 64, S=2048)
+    python bench/memory_budget.py --simulate           # 8B on 8 x 80 GB and 1 x 80 GB (memory model)
+
+Budget = parameter bytes + 0.35 x the unbudgeted measured peak (the issue's acceptance).
+Times are the median of ``--repeat`` steps, measured in the same processes one after another.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from autosp.testing.distributed import run_ranks
+
+
+def _measure(rank, world, queue, seq, repeat):
+    import autosp
+    from autosp.memory import measure_step
+    from autosp.testing.models import LlamaConfig, LlamaLike
+    torch.manual_seed(0)
+    base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
+    ids = torch.randint(0, 8192, (1, seq))
+    params = sum(p.numel() * p.element_size() for p in base.parameters())
+    rows = {}
+
+    def run(name, **options):
+        model = copy.deepcopy(base)
+        compiled = autosp.compile(model, **options)
+        compiled(ids, labels=ids)["loss"].backward()
+        model.zero_grad(set_to_none=True)
+        peak = measure_step(lambda: compiled(ids, labels=ids)["loss"], exclude=list(model.parameters())).peak_bytes
+        times = []
+        for _ in range(repeat):
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            compiled(ids, labels=ids)["loss"].backward()
+            times.append(time.perf_counter() - t0)
+        rows[name] = (params + peak, statistics.median(times))
+
+    run("no checkpointing")
+    run("sac", checkpointing="sac")
+    peak = torch.tensor([rows["no checkpointing"][0] - params], dtype=torch.float64)
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    budget = params + int(0.35 * peak.item())
+    run("memory_budget", memory_budget=budget, optimizer="none", drop_logits=True)
+    queue.put((rank, dict(rows=rows, budget=budget)))
+
+
+def measure(seq: int, repeat: int) -> str:
+    results = run_ranks(_measure, 2, args=(seq, repeat), timeout=900, fresh=True)
+    lines = [f"## memory_budget measured (CPU, P=2, LlamaLike V=8192 hidden 64 2 layers, S={seq}, fp32; "
+             "budget = params + 0.35 x unbudgeted peak; the larger rank)", "",
+             "| plan | measured peak incl. params (MiB) | budget (MiB) | within | step s (median) | vs no ckpt |",
+             "|---|---|---|---|---|---|"]
+    budget = max(r["budget"] for r in results.values())
+    base_t = max(r["rows"]["no checkpointing"][1] for r in results.values())
+    for name in ("no checkpointing", "sac", "memory_budget"):
+        peak = max(r["rows"][name][0] for r in results.values())
+        t = max(r["rows"][name][1] for r in results.values())
+        lines.append(f"| {name} | {peak / 2**20:.1f} | {budget / 2**20:.1f} | {'yes' if peak <= budget else 'no'} | "
+                     f"{t:.3f} | x{t / base_t:.2f} |")
+    return "\n".join(lines)
+
+
+def simulate(seqs: list[int]) -> str:
+    from autosp.estimate import GiB, MemoryModel
+    from autosp.plan import MemoryPlan
+    layers = 32
+    rows = [("SAC-min (previous best)", MemoryPlan(mode="sac-min", tile_loss=False)),
+            ("+ tiled loss", MemoryPlan(mode="sac-min", loss_chunk=4096, drop_logits=True)),
+            ("+ full recompute, tiled MLP", MemoryPlan(layers=("full",) * layers, tiles=16, loss_chunk=4096,
+                                                       drop_logits=True)),
+            ("+ offload", MemoryPlan(layers=("full+offload",) * layers, tiles=16, loss_chunk=4096,
+                                     drop_logits=True))]
+    out = ["| plan | setup | " + " | ".join(f"S={s // 1024}K" for s in seqs) + " |",
+           "|---|---|" + "---|" * len(seqs)]
+    for sp, fsdp in ((8, 8), (1, 1)):
+        for name, plan in rows:
+            model = MemoryModel("8b", sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan)
+            cells = []
+            for s in seqs:
+                e = model.estimate(s)
+                cells.append(f"{(e.state_bytes() + e.activation_peak_bytes) / GiB:.1f}")
+            out.append(f"| {name} | {sp} x 80 GB, FSDP {fsdp} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--simulate", action="store_true")
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seqs", type=int, nargs="+", default=[524288, 1048576, 4194304])
+    a = parser.parse_args()
+    if a.measure:
+        print(measure(a.seq, a.repeat), flush=True)
+    if a.simulate:
+        print(simulate(a.seqs), flush=True)
