@@ -139,6 +139,10 @@ class Planner:
     def plan(self, budget: int) -> tuple[MemoryPlan, Prediction]:
         """The cheapest plan on the ladder whose prediction fits ``budget``."""
         n = self.regions
+        # The last rung first: an infeasible budget fails after one estimate, not a whole ladder.
+        floor = self.predict(replace(self.most_aggressive(), loss_chunk=self.loss_chunk(budget)))
+        if floor.total_bytes > budget:
+            self._infeasible(budget, floor)
         plan = MemoryPlan(layers=("keep",) * n, drop_logits=self.drop_logits, loss_chunk=self.loss_chunk(budget))
         best = self.predict(plan)
         self._log(best)
@@ -176,7 +180,9 @@ class Planner:
                 else:
                     lo = mid
             return moved(hi), fit
-        floor = self.predict(replace(self.most_aggressive(), loss_chunk=self.loss_chunk(budget)))
+        return replace(self.most_aggressive(), loss_chunk=self.loss_chunk(budget)), floor
+
+    def _infeasible(self, budget: int, floor: Prediction):
         raise AutospError(
             f"memory_budget {_human(budget)} is below the smallest feasible budget {_human(floor.total_bytes)} "
             f"for this call (S={self.seq_len}, sp_size={self.sp_size}): every layer "
