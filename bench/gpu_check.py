@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import autosp  # noqa: E402
-from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
+from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike, RotaryEmbedding  # noqa: E402
 
 MODES = ("off", "sac", "full")
 
@@ -82,13 +82,62 @@ def step_stats(run, device, steps: int):
             torch.cuda.empty_cache()
 
 
+def budget_check(device, size: str, seq: int, tiles: int) -> list[str]:
+    """An ``size``-shaped Llama (random weights, bf16) at ``seq`` tokens on one device with
+    every mechanism of ``memory_budget`` (tiled loss with dropped logits, full recompute,
+    ``tiles`` token-wise tiles, every layer's input offloaded to pinned host memory): the
+    memory model's prediction against ``torch.cuda.max_memory_allocated``, and step time."""
+    from autosp.estimate import MemoryModel
+    from autosp.plan import MemoryPlan
+    cfg = LlamaConfig(**LLAMA_PRESETS[size], max_positions=seq)
+    plan = MemoryPlan(layers=("full+offload",) * cfg.layers, tiles=tiles, loss_chunk=4096, drop_logits=True)
+    rows = ["", f"Llama '{size}' at S={seq}, bf16, one device, plan: tiled loss (logits dropped), full recompute, "
+            f"{tiles} tiles, offload of every layer's input; fwd+bwd, no optimizer", "",
+            "| S | step s | max_memory_allocated GiB | memory model GiB (params + step peak) | host GiB offloaded |",
+            "|---|---|---|---|---|"]
+    print("\n".join(rows), flush=True)
+    t0 = time.perf_counter()
+    est = MemoryModel(cfg, 1, torch.bfloat16, plan=plan, optimizer="none").estimate(seq)
+    predicted = (est.param_bytes + est.peak_bytes) / 2**30
+    print(f"(memory model: {time.perf_counter() - t0:.0f}s)", flush=True)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LlamaLike(cfg)
+    model = model.to_empty(device=device)
+    with torch.no_grad():
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        # RoPE's inverse frequencies are computed at construction: to_empty lost them.
+        model.rope.inv_freq.copy_(RotaryEmbedding(cfg.head_dim, cfg.rope_theta).inv_freq)
+    model = model.to(torch.bfloat16)
+    compiled = autosp.compile(model, sp_size=1, memory_plan=plan)
+    ids = torch.randint(0, cfg.vocab, (1, seq), device=device)
+
+    def run():
+        for p in model.parameters():
+            p.grad = None
+        compiled(ids, labels=ids)["loss"].backward()
+    t, peak = step_stats(run, device, 2)
+    offloader = compiled.programs[0].runner.meta.get("autosp_offloader") if compiled.programs else None
+    host = offloader.peak_host_bytes / 2**30 if offloader is not None else float("nan")
+    row = (f"| {seq} | OOM | OOM | {predicted:.1f} | |" if t is None else
+           f"| {seq} | {t:.2f} | {peak / 2**30:.1f} | {predicted:.1f} | {host:.1f} |")
+    print(row, flush=True)
+    return rows + [row]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", default="1b", choices=sorted(LLAMA_PRESETS))
-    parser.add_argument("--seqs", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--seqs", type=int, nargs="*", default=[16384, 32768])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument("--budget-size", default="8b", choices=sorted(LLAMA_PRESETS),
+                        help="model of the memory_budget check (default 8b)")
+    parser.add_argument("--budget-seq", type=int, default=0,
+                        help="run the memory_budget check at this length (0: skip)")
+    parser.add_argument("--budget-tiles", type=int, default=16)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -104,6 +153,17 @@ def main() -> int:
     table = ["| check | | | |", "|---|---|---|---|"] + lines
     print("\n".join(header + table), flush=True)
 
+    rows = [] if not args.seqs else sizes_table(args, device)
+    if args.budget_seq:
+        rows += budget_check(device, args.budget_size, args.budget_seq, args.budget_tiles)
+    text = "\n".join(header + table + rows) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0 if ok else 1
+
+
+def sizes_table(args, device) -> list[str]:
+    """Step time and peak of eager / autosp / SAC / full at each of ``args.seqs``."""
     from autosp.estimate import MemoryModel
     rows = ["", f"Llama '{args.size}' ({LLAMA_PRESETS[args.size]}), bf16, batch 1, fwd+bwd, no optimizer", "",
             "| S | mode | step s | max_memory_allocated GiB | memory model GiB | vs eager time |",
@@ -138,10 +198,7 @@ def main() -> int:
                 row = f"| {seq} | {mode} | {t:.3f} | {peak / 2**30:.1f} | {predicted:.1f} | {rel} |"
             rows.append(row)
             print(row, flush=True)
-    text = "\n".join(header + table + rows) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0 if ok else 1
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 # machine's torch must not be replaced by the CPU wheel). torch-mlir comes from carried
 # wheels in .whl/ when the machine has no package index. The table lands in
 # $OUT/gpu_check.md (or bench/gpu_check.md); copy it into bench/RESULTS.md with its date.
+# Then the memory_budget check (8B at $BUDGET_SEQ tokens, default 131072) into gpu_budget_check.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -21,6 +22,10 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 timeout 290 "$PY" bench/gpu_check.py --out "${OUT:-bench}/gpu_check.md" "$@"
+# memory_budget: an 8B-shaped Llama (random weights) on one GPU with the tiled loss, full
+# recompute, tiled MLP and offload: measured peak against the memory model, and step time.
+timeout 280 "$PY" bench/gpu_check.py --seqs --budget-size 8b --budget-seq "${BUDGET_SEQ:-131072}" \
+  --out "${OUT:-bench}/gpu_budget_check.md" || echo "memory_budget check failed (see above)"
 NGPU=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
 timeout 200 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" bench/gpu_fsdp_check.py \
   --out "${OUT:-bench}/gpu_check.md"

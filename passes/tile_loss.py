@@ -243,6 +243,8 @@ def tile_loss(module, chunk: int = 0, drop_logits: bool = False) -> int:
         gather.results[0].replace_all_uses_with(fused.results[0])
         gather.erase()
         if not _users(softmax.results[0]):
+            for use in list(softmax.results[0].uses):  # torch.bind_symbolic_shape annotations
+                use.owner.erase()
             softmax.erase()
         rewritten += 1
         if drop_logits:
