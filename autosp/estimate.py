@@ -33,6 +33,9 @@ from torch.utils import _pytree as pytree
 from autosp.memory import MiB, PeakTracker, SavedTensors
 
 GiB = 1 << 30
+# The optimizers whose state the memory model counts on the device ("host-adamw": none,
+# autosp.runtime.host_optimizer.HostAdamW keeps it in host memory).
+OPTIMIZERS = ("adamw", "host-adamw", "sgd", "none")
 
 
 @dataclass
@@ -148,8 +151,8 @@ class MemoryModel:
         from autosp.runtime import fsdp as fsdp_runtime
         if checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
-        if optimizer not in ("adamw", "sgd", "none"):
-            raise ValueError(f"optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {optimizer!r}")
         self.model = _meta_model(model_or_config, dtype)
         self.dtype = dtype or next(self.model.parameters()).dtype
         self.sp_size, self.checkpointing, self.batch, self.rank = sp_size, checkpointing, batch, rank
@@ -207,8 +210,8 @@ class MemoryModel:
         grad_bytes = n * size
         if self.optimizer == "adamw":
             optimizer_bytes = n * 8 + (n * 4 if size < 4 else 0)  # fp32 moments (+ fp32 master weights)
-        elif self.optimizer == "none":
-            optimizer_bytes = 0
+        elif self.optimizer in ("none", "host-adamw"):  # host-adamw: autosp.runtime.host_optimizer.HostAdamW
+            optimizer_bytes = 0  # (its fp32 masters and moments live in host memory)
         else:
             optimizer_bytes = n * 4 if size < 4 else 0
         return param_bytes, grad_bytes, optimizer_bytes

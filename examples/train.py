@@ -104,6 +104,9 @@ def parse_args(argv=None):
                    help="sac: keep attention, recompute the rest of each layer in backward; "
                         "sac-min: keep attention's output only, recompute q/k/v and their all-to-alls; "
                         "full: keep only each layer's input")
+    p.add_argument("--memory-budget", default=None,
+                   help="bytes per rank the step must fit (e.g. 40MiB, 70GiB): the compiler plans per-layer "
+                        "checkpointing, tiled loss/MLP and offload with its memory model and prints the plan")
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
                    help="shard parameters, gradients and optimizer state with FSDP2 over all ranks "
                         "(fully_shard per decoder block, then the root). Default: off on one rank; on more, on "
@@ -798,8 +801,9 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
             ref.load_state_dict(state)
         del state
     t0 = time.perf_counter()
+    budget = dict(memory_budget=args.memory_budget, drop_logits=True, verbose=rank == 0) if args.memory_budget else {}
     sp_model = autosp.compile(model, sp_size=sp, backend="inductor" if args.compile else None,
-                              checkpointing=args.checkpointing)
+                              checkpointing=args.checkpointing, **budget)
     opt = torch.optim.AdamW(sp_model.parameters(), lr=args.lr, weight_decay=0.0)
     ref_opts = {k: torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0) for k, m in refs.items()}
     start_step, resumed = 0, ""
