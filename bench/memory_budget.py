@@ -3,7 +3,7 @@ and no checkpointing, side by side in one run (P=2 gloo ranks, a Llama-style mod
 large vocabulary), then the memory model's max context for Llama-3-8B with each mechanism.
 
     python bench/memory_budget.py --measure            # the CPU table (V=8192, hidden 64, S=2048)
-    python bench/memory_budget.py --simulate           # 8B on 8 x 80 GB and 1 x 80 GB (memory model)
+    python bench/memory_budget.py --simulate           # 8B on 8 GPUs (FSDP2, AdamW) and 1 GPU (HostAdamW)
 
 Budget = parameter bytes + 0.35 x the unbudgeted measured peak (the issue's acceptance).
 Times are the median of ``--repeat`` steps, measured in the same processes one after another.
@@ -69,26 +69,31 @@ def measure(seq: int, repeat: int) -> str:
     return "\n".join(lines)
 
 
-def simulate(seqs: list[int]) -> str:
+def simulate(setups) -> str:
+    """Total GiB per rank (state + activation peak) of Llama-3-8B for each plan, at each
+    length of each setup ``(sp, fsdp, optimizer, lengths)``."""
     from autosp.estimate import GiB, MemoryModel
     from autosp.plan import MemoryPlan
     layers = 32
-    rows = [("SAC-min (previous best)", MemoryPlan(mode="sac-min", tile_loss=False)),
+    rows = [("SAC-min (before)", MemoryPlan(mode="sac-min", tile_loss=False)),
             ("+ tiled loss", MemoryPlan(mode="sac-min", loss_chunk=4096, drop_logits=True)),
-            ("+ full recompute, tiled MLP", MemoryPlan(layers=("full",) * layers, tiles=16, loss_chunk=4096,
-                                                       drop_logits=True)),
+            ("+ full recompute, 16 tiles", MemoryPlan(layers=("full",) * layers, tiles=16, loss_chunk=4096,
+                                                      drop_logits=True)),
             ("+ offload", MemoryPlan(layers=("full+offload",) * layers, tiles=16, loss_chunk=4096,
                                      drop_logits=True))]
-    out = ["| plan | setup | " + " | ".join(f"S={s // 1024}K" for s in seqs) + " |",
-           "|---|---|" + "---|" * len(seqs)]
-    for sp, fsdp in ((8, 8), (1, 1)):
+    out = []
+    for sp, fsdp, optimizer, seqs in setups:
+        out += ["", f"Llama-3-8B, {sp} GPU(s), SP={sp}, FSDP2 over {fsdp}, bf16, optimizer state: {optimizer}; "
+                "total GiB per rank (state + activation peak)", "",
+                "| plan | " + " | ".join(f"S={s // 1024}K" for s in seqs) + " |", "|---|" + "---|" * len(seqs)]
         for name, plan in rows:
-            model = MemoryModel("8b", sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan)
+            model = MemoryModel("8b", sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan, optimizer=optimizer)
             cells = []
             for s in seqs:
                 e = model.estimate(s)
                 cells.append(f"{(e.state_bytes() + e.activation_peak_bytes) / GiB:.1f}")
-            out.append(f"| {name} | {sp} x 80 GB, FSDP {fsdp} | " + " | ".join(cells) + " |")
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+            print(out[-1], flush=True)
     return "\n".join(out)
 
 
@@ -98,9 +103,10 @@ if __name__ == "__main__":
     parser.add_argument("--simulate", action="store_true")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--seqs", type=int, nargs="+", default=[524288, 1048576, 4194304])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[1048576, 2097152, 4194304],
+                        help="lengths for 8 GPUs (one GPU: 1/8 of each)")
     a = parser.parse_args()
     if a.measure:
         print(measure(a.seq, a.repeat), flush=True)
     if a.simulate:
-        print(simulate(a.seqs), flush=True)
+        print(simulate([(8, 8, "adamw", a.seqs), (1, 1, "host-adamw", [s // 8 for s in a.seqs])]), flush=True)
