@@ -348,7 +348,6 @@ class AutospModule(torch.nn.Module):
         self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
         self.drop_logits = drop_logits
         self.optimizer = optimizer
-        self.plans: dict[object, MemoryPlan] = {}  # the plan each compiled signature was built with
         self.sp_size = _resolve_sp_size(sp_size, group)
         self.group = group
         self.seq_dim = seq_dim

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-LADDER = ("keep", "sac", "sac-min", "full", "full+offload")
-
-
 @dataclass(frozen=True)
 class MemoryPlan:
     """One compilation's memory choices (see the module docstring). ``layers`` empty:

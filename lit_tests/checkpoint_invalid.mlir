@@ -31,4 +31,9 @@ func.func @two_regions_three_layers(%x: !torch.vtensor<[2,4,?,8],f32>) -> !torch
 // An unknown choice is an error in the pass options, before any IR is read.
 // RUN: not autosp-opt %s --autosp-checkpoint=layers=sac,recompute 2>&1 | FileCheck %s --check-prefix=CHOICE
 // CHOICE-NOT: Traceback
-// CHOICE:     error: option 'layers' of pass 'autosp-checkpoint': 'recompute' is not one of keep, sac, sac-min, full (optionally with '+offload')
+// CHOICE:     error: option 'layers' of pass 'autosp-checkpoint': 'recompute' is not one of keep, sac, sac-min, full (optionally with '+offload', except keep
+
+// A kept layer recomputes nothing, so it keeps no segment input that could go to the host.
+// RUN: not autosp-opt %s --autosp-checkpoint=layers=keep+offload,sac 2>&1 | FileCheck %s --check-prefix=KEEPOFF
+// KEEPOFF-NOT: Traceback
+// KEEPOFF:     error: option 'layers' of pass 'autosp-checkpoint': 'keep+offload' is not one of {{.*}}except keep: a kept layer recomputes nothing

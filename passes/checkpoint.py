@@ -81,9 +81,10 @@ class Checkpoint(ModulePass):
             raise PassOptionError(f"option 'mode' of pass '{self.name}' must be one of "
                                   f"{', '.join(MODES)}, got '{self.mode}'")
         for choice in filter(None, self.layers.split(",")):
-            if choice.removesuffix("+offload") not in LAYER_MODES:
+            if choice.removesuffix("+offload") not in LAYER_MODES or choice == "keep+offload":
                 raise PassOptionError(f"option 'layers' of pass '{self.name}': '{choice}' is not one of "
-                                      f"{', '.join(LAYER_MODES)} (optionally with '+offload')")
+                                      f"{', '.join(LAYER_MODES)} (optionally with '+offload', except keep: "
+                                      "a kept layer recomputes nothing, so it keeps no segment input to offload)")
 
     def apply(self, module) -> None:
         plan_checkpoints(module, self.mode, [c for c in self.layers.split(",") if c] or None)

@@ -269,4 +269,7 @@ def _drop_results(func, indices: list[int]) -> None:
         func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, results))
         previous = [ir.IntegerAttr(a).value for a in func.attributes[DROPPED_ATTR]] \
             if DROPPED_ATTR in func.attributes else []
-        func.attributes[DROPPED_ATTR] = ir.ArrayAttr.get([b.i64(i) for i in sorted({*previous, *indices})])
+        # ``indices`` count the current results; earlier drops count the original ones.
+        original = [i for i in range(len(ftype.results) + len(previous)) if i not in previous]
+        dropped = sorted({*previous, *(original[i] for i in indices)})
+        func.attributes[DROPPED_ATTR] = ir.ArrayAttr.get([b.i64(i) for i in dropped])

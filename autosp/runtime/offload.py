@@ -216,11 +216,17 @@ class Offloader:
         unsharded weights it also keeps), None for all."""
         if self.mode == "off":
             return contextlib.nullcontext()
-        self._only = None if only is None else {t.untyped_storage()._cdata for t in only}
-        return self._hooks()
+        return self._hooks(None if only is None else {t.untyped_storage()._cdata for t in only})
 
     @contextlib.contextmanager
-    def _hooks(self) -> Iterator[None]:
+    def _hooks(self, only: set | None) -> Iterator[None]:
+        previous, self._only = getattr(self, "_only", None), only
+        try:
+            yield from self._installed()
+        finally:
+            self._only = previous  # the filter holds inside this context only
+
+    def _installed(self) -> Iterator[None]:
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
         if outer is None:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
