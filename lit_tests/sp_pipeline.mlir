@@ -25,8 +25,10 @@
 // Tokens are sliced to this rank's part before the embedding.
 // CHECK: %[[IDS_R:.*]] = "autosp.shard"(%[[IDS]], %[[S]]) {dim = 1 : i64
 // CHECK: torch.aten.embedding %{{.*}}, %[[IDS_R]]
-// RoPE tables are computed for the whole sequence and sliced where they meet q and k.
-// CHECK: "autosp.shard"(%{{.*}}, %[[S]]) {dim = 2 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64} : (!torch.vtensor<[2,1,?,8],f32>
+// RoPE tables are computed for the rank's positions only: the positions are sliced
+// before the tables are built (autosp-hoist-shard).
+// CHECK: "autosp.shard"(%{{.*}}, %[[S]]) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64} : (!torch.vtensor<[2,?],si64>
+// CHECK: torch.aten.cos {{.*}} : !torch.vtensor<[2,?,8],f32>
 // CHECK: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,1,?,8],f32>
 // CHECK: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
 // CHECK: "autosp.all_to_all"({{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64}
@@ -49,6 +51,7 @@
 // AFTER:      // -----// IR Dump After autosp-annotate-sequence //----- //
 // AFTER:      // -----// IR Dump After autosp-partition-attention{sp-size=4 group=sp2} //----- //
 // AFTER:      // -----// IR Dump After autosp-shard-sequence{group=sp2} //----- //
+// AFTER:      // -----// IR Dump After autosp-hoist-shard //----- //
 // AFTER:      // -----// IR Dump After autosp-dce //----- //
 // AFTER-NOT:  IR Dump
 // AFTER:      "autosp.all_to_all"{{.*}}group = "sp2"
@@ -59,12 +62,12 @@
 // BLOCK-SAME: %[[X:[^:]*]]: !torch.vtensor<[2,?,32],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64}
 // BLOCK: %[[S:.*]] = torch.aten.size.int %[[X]]
 // The layer norm's statistics need no parameter and run replicated; the input is sliced
-// where it meets the norm's weight, and again for the residual connection.
-// BLOCK: "autosp.shard"(%{{.*}}, %[[S]]) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// where it meets the norm's weight, once (the residual connection uses the same slice).
+// BLOCK: %[[RES:.*]] = "autosp.shard"(%[[X]], %[[S]]) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// BLOCK-NOT: "autosp.shard"(%[[X]]
 // BLOCK-COUNT-3: "autosp.all_to_all"({{.*}}, %[[S]]) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
 // BLOCK: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
 // BLOCK: "autosp.all_to_all"
-// BLOCK: %[[RES:.*]] = "autosp.shard"(%[[X]], %[[S]])
 // BLOCK: %[[OUT:.*]] = torch.aten.add.Tensor %[[RES]]
 // BLOCK: return %[[OUT]]
 // BLOCK-NOT: autosp.all_reduce

@@ -11,6 +11,7 @@ from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.fuse_attention import FuseAttention
+from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 from autosp.passes.sp_pipeline import SequenceParallelPipeline
@@ -25,6 +26,7 @@ PASSES: dict[str, type[ModulePass]] = {
         Checkpoint,
         DeadCodeElimination,
         FuseAttention,
+        HoistShard,
         PartitionAttention,
         SequenceParallelPipeline,
         ShardSequence,

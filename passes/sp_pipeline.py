@@ -14,6 +14,7 @@ from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.fuse_attention import FuseAttention
+from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
 
@@ -27,7 +28,8 @@ class SequenceParallelPipeline(ModulePass):
     ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
-    global loss) and ``autosp-dce``. With sp-size=1 only dead code is removed.
+    global loss), ``autosp-hoist-shard`` (replicated tables such as RoPE's computed for the
+    rank's rows only) and ``autosp-dce``. With sp-size=1 only dead code is removed.
 
     Input::
 
@@ -56,4 +58,4 @@ class SequenceParallelPipeline(ModulePass):
         return [FuseAttention(), CausalMask(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group),
                 ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
-                DeadCodeElimination()]
+                HoistShard(), DeadCodeElimination()]
