@@ -217,7 +217,8 @@ def _hoist_once(block) -> int:
                                                operands=sharded).result
                 operands = [new_list, *list(source.operands)[1:]]
             else:
-                operands = [_new_shard(shard, v, dims[i]) if i in dims else v for i, v in enumerate(source.operands)]
+                along = dims or {}
+                operands = [_new_shard(shard, v, along[i]) if i in along else v for i, v in enumerate(source.operands)]
             clone = ir.Operation.create(op_name(source), results=[source.results[0].type], operands=operands,
                                         attributes=_attributes(source))
         for s in shards:
