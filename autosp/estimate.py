@@ -111,10 +111,9 @@ def _meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
 
 
 def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """SDPA as a fused kernel (what CUDA and CPU run): saves output and log-sum-exp only."""
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        repeat = query.shape[-3] // key.shape[-3]
-        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    """SDPA as a fused kernel (what CUDA and CPU run): saves output and log-sum-exp only.
+    With GQA the kernel reads each shared KV head (CPU's and CUDA's flash kernels do), so the
+    repeated keys and values are not materialised (the kernel's own workspace is not counted)."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 

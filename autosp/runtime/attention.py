@@ -43,10 +43,8 @@ def _band(rows: int, cols: int, offset: int, window: int, like: torch.Tensor) ->
 
 def _attend(q, k, v, mask, scale, enable_gqa, causal: bool = False):
     if q.device.type in ("cpu", "meta"):
-        if enable_gqa and k.shape[-3] != q.shape[-3]:
-            repeat = q.shape[-3] // k.shape[-3]
-            k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
-        # The fused CPU kernel: keeps the output and log-sum-exp for backward, not the scores.
+        # The fused CPU kernel: keeps the output and log-sum-exp for backward, not the scores;
+        # with GQA it reads each shared KV head (no repeated copies).
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)

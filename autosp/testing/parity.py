@@ -18,6 +18,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 
+ADAM_EPS = 1e-5
+"""AdamW's epsilon in parity tests that train several steps: Llama's recipe's (1e-5). With
+torch's default (1e-8) the first step moves every parameter by ``lr * sign(g)``, also where
+``|g|`` is at fp32-rounding level and the two runs' rounding picks different signs: such a
+parameter then differs by ``2 * lr`` however exact the gradients are."""
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """max |actual - expected| / max |expected| (absolute when expected is all zeros)."""
     actual, expected = actual.detach().double(), expected.detach().double()
