@@ -4,6 +4,7 @@ large vocabulary), then the memory model's max context for Llama-3-8B with each 
 
     python bench/memory_budget.py --measure            # the CPU table (V=8192, hidden 64, S=2048)
     python bench/memory_budget.py --simulate           # 8B on 8 GPUs (FSDP2, AdamW) and 1 GPU (HostAdamW)
+    python bench/memory_budget.py --plan-8b 4194304    # the plan memory_budget prints for 8B, 8 x 80 GB
 
 Budget = parameter bytes + 0.35 x the unbudgeted measured peak (the issue's acceptance).
 Times are the median of ``--repeat`` steps, measured in the same processes one after another.
@@ -97,6 +98,21 @@ def simulate(setups) -> str:
     return "\n".join(out)
 
 
+def plan_8b(seq: int, sp: int, budget: str, optimizer: str) -> None:
+    """Print the plan ``memory_budget`` chooses for Llama-3-8B (random weights on meta,
+    bf16) at ``seq`` tokens over ``sp`` GPUs with FSDP2 over the same ranks, planned as on
+    CUDA (offload is a rung)."""
+    from autosp.api import parse_bytes
+    from autosp.estimate import _meta_model
+    from autosp.planner import plan_memory
+    model = _meta_model("8b", torch.bfloat16)
+    ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    t0 = time.perf_counter()
+    plan_memory(model, (ids,), {"labels": ids}, parse_bytes(budget), sp_size=sp, fsdp=sp, optimizer=optimizer,
+                offload=True, drop_logits=True, verbose=True)
+    print(f"planned in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", action="store_true")
@@ -105,7 +121,14 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seqs", type=int, nargs="+", default=[1048576, 2097152, 4194304],
                         help="lengths for 8 GPUs (one GPU: 1/8 of each)")
+    parser.add_argument("--plan-8b", type=int, metavar="SEQ",
+                        help="print memory_budget's plan for Llama-3-8B at SEQ tokens (--sp GPUs, --budget each)")
+    parser.add_argument("--sp", type=int, default=8)
+    parser.add_argument("--budget", default="80GiB")
+    parser.add_argument("--optimizer", default="adamw")
     a = parser.parse_args()
+    if a.plan_8b:
+        plan_8b(a.plan_8b, a.sp, a.budget, a.optimizer)
     if a.measure:
         print(measure(a.seq, a.repeat), flush=True)
     if a.simulate:

@@ -416,3 +416,40 @@ def test_tiled_output_made_of_whole_args(whole):
         return x @ w, extra
 
     _parity(lambda *a: tiled_call(fn, 5, (1, None), (1, None), *a), fn, [torch.randn(B, S, H), torch.randn(H, H)])
+
+
+def _meta_peak(monkeypatch, simulate: bool, f, *args):
+    """(peak live bytes of f(*args).sum().backward() on meta, how many times f's inner
+    function ran) with the middle tiles allocated only (simulate) or all run."""
+    from autosp.memory import PeakTracker
+    if not simulate:
+        monkeypatch.setattr(tiling, "_simulated", lambda *t: False)
+    tracker = PeakTracker()
+    with tracker:
+        f(*args).float().sum().backward()
+    monkeypatch.undo()
+    return tracker.peak_bytes
+
+
+def test_meta_runs_first_and_last_tile_with_the_same_peak(monkeypatch):
+    """On meta (the memory model) only the first and the last tile or chunk run, the middle
+    ones are allocated: the same peak as running every one, in far fewer ops."""
+    calls = []
+
+    def mlp(*a):
+        calls.append(a[0].shape[1])
+        return _mlp(*a)
+    peaks = {}
+    for simulate in (True, False):
+        calls.clear()
+        x, *ws = _leaves(_mlp_args(torch.bfloat16, "meta"))
+        peaks[simulate] = _meta_peak(monkeypatch, simulate, lambda *a: tiled_call(mlp, 5, *MLP_DIMS, *a), x, *ws)
+        assert len(calls) == (4 if simulate else 10), calls  # forward + backward recompute
+    assert peaks[True] == peaks[False] > 0, peaks
+    for simulate in (True, False):
+        h = torch.empty(1000, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.empty(512, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        index = torch.zeros(1000, 1, dtype=torch.long, device="meta")
+        peaks[simulate] = _meta_peak(monkeypatch, simulate, lambda h, w, index: vocab_logprob(
+            h, w.t(), index, chunk=64, steps=(("cast", torch.float32),)), h, w, index)
+    assert peaks[True] == peaks[False] > 0, peaks

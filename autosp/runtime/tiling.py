@@ -52,9 +52,27 @@ def _row_spans(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(chunk, n - s)) for s in range(0, n, chunk)] or [(0, 0)]
 
 
+def _simulated(*tensors) -> bool:
+    """On the meta device (the memory model) every chunk of a loop allocates and frees the
+    same bytes (chunks differ by one row at most, the larger ones first), so in forward
+    only the first and the last chunk run (the last with every earlier result alive, the
+    loop's peak) and the middle chunks' results are allocated empty (their bytes are what
+    the memory model counts); backward runs the first two chunks (the second with the
+    gradient buffers allocated). The peak is the same as running every chunk; estimates of
+    8B models at millions of tokens take seconds instead of minutes."""
+    return any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors)
+
+
 def _vocab_forward(h, weight_t, index, steps, softmax_dtype, chunk):
-    return torch.cat([_chunk_logprob(h.narrow(0, s, n), weight_t, index.narrow(0, s, n), steps, softmax_dtype)
-                      for s, n in _row_spans(h.shape[0], chunk)])
+    spans = _row_spans(h.shape[0], chunk)
+    simulated = _simulated(h, weight_t)
+    out: list[torch.Tensor] = []
+    for k, (s, n) in enumerate(spans):
+        if simulated and _middle(k, len(spans)):
+            out.append(out[0].new_empty((n, 1)))
+        else:
+            out.append(_chunk_logprob(h.narrow(0, s, n), weight_t, index.narrow(0, s, n), steps, softmax_dtype))
+    return torch.cat(out)
 
 
 class _VocabLogprob(torch.autograd.Function):
@@ -74,7 +92,11 @@ class _VocabLogprob(torch.autograd.Function):
         grad_h = torch.empty_like(h) if need_h else None  # every row is written below
         grad_w = torch.zeros_like(weight_t) if need_w else None
         w = weight_t.detach().requires_grad_(need_w)
-        for s, n in _row_spans(h.shape[0], ctx.chunk):
+        spans = _row_spans(h.shape[0], ctx.chunk)
+        simulated = _simulated(h, weight_t)
+        for k, (s, n) in enumerate(spans):
+            if simulated and k > 1:
+                break
             hc = h.narrow(0, s, n).detach().requires_grad_(need_h)
             with torch.enable_grad():
                 out = _chunk_logprob(hc, w, index.narrow(0, s, n), ctx.steps, ctx.softmax_dtype)
@@ -88,6 +110,7 @@ class _VocabLogprob(torch.autograd.Function):
                     grad_h.narrow(0, s, n).copy_(g)
             if need_w and found[0] is not None:
                 grad_w.add_(found[0])
+            del out, found  # this chunk's gradients go before the next chunk is recomputed
         return grad_h, grad_w, None, None, None, None
 
 
@@ -140,11 +163,37 @@ def _tile_args(args, in_dims, start: int, size: int):
     return [a if d is None else a.narrow(d, start, size).contiguous() for a, d in zip(args, in_dims)]
 
 
-def _run_tiles(fn, args, in_dims, spans):
-    """fn on every tile: a list of output tuples, and whether fn returned a single tensor."""
-    outs = [fn(*_tile_args(args, in_dims, s, n)) for s, n in spans]
-    single = not isinstance(outs[0], tuple)
-    return [(o,) if single else tuple(o) for o in outs], single
+def _fake_piece(first: tuple, rows: int, n: int, out_dims) -> tuple | None:
+    """Empty outputs of a tile of ``n`` rows, in proportion to the first tile's (``rows``
+    rows; see :func:`_simulated`); None when an output's size is not proportional."""
+    if rows == 0 or any(d is not None and o.shape[d] % rows for o, d in zip(first, out_dims)):
+        return None
+    return tuple(o if d is None else o.new_empty(o.shape[:d] + (o.shape[d] // rows * n,) + o.shape[d + 1:])
+                 for o, d in zip(first, out_dims))
+
+
+def _middle(k: int, count: int) -> bool:
+    """Tile k is neither the first nor the last: on meta it is allocated, not run (the
+    last one runs with all earlier outputs alive: the loop's real peak)."""
+    return 0 < k < count - 1
+
+
+def _run_tiles(fn, args, in_dims, spans, out_dims=None):
+    """fn on every tile: a list of output tuples, and whether fn returned a single tensor.
+    Given ``out_dims``, on the meta device the middle tiles are allocated, not run
+    (:func:`_simulated`)."""
+    pieces: list = []
+    single = False
+    simulated = out_dims is not None and _simulated(*args)
+    for k, (s, n) in enumerate(spans):
+        fake = _fake_piece(pieces[0], spans[0][1], n, out_dims) if simulated and _middle(k, len(spans)) else None
+        if fake is not None:
+            pieces.append(fake)
+            continue
+        out = fn(*_tile_args(args, in_dims, s, n))
+        single = not isinstance(out, tuple)
+        pieces.append((out,) if single else tuple(out))
+    return pieces, single
 
 
 def _concat(pieces, out_dims):
@@ -171,8 +220,16 @@ class _TiledFunction(torch.autograd.Function):
         length = _split_length(args, in_dims)
         ctx.spans = [(0, 0)] if length is None else _tile_spans(length, tiles)
         ctx.rng, pieces = [], []
-        for span in ctx.spans:
+        simulated = _simulated(*args, *params)
+        ctx.skipped = set()  # on meta: the middle tiles, allocated and not run
+        for k, span in enumerate(ctx.spans):
             ctx.rng.append((torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in ctx.devices]))
+            if simulated and _middle(k, len(ctx.spans)):
+                fake = _fake_piece(pieces[0], ctx.spans[0][1], span[1], out_dims)
+                if fake is not None:
+                    pieces.append(fake)
+                    ctx.skipped.add(k)
+                    continue
             piece, ctx.single = _run_tiles(fn, args, in_dims, [span])
             pieces += piece
         # Where each tile's outputs lie in the concatenated outputs: (start, size) per output.
@@ -203,8 +260,11 @@ class _TiledFunction(torch.autograd.Function):
         # Whole arguments: detached once, their gradients summed over tiles.
         whole = [a.detach().requires_grad_(r) if t and d is None else a
                  for a, t, d, r in zip(args, ctx.is_tensor, ctx.in_dims, ctx.requires)]
+        tiles = list(zip(ctx.spans, ctx.out_spans, ctx.rng))
+        if ctx.skipped:  # on meta: the first tile and the second (the largest with the gradients allocated)
+            tiles = tiles[:2]
         with torch.random.fork_rng(devices=ctx.devices):
-            for (start, size), out_spans, (cpu_rng, cuda_rng) in zip(ctx.spans, ctx.out_spans, ctx.rng):
+            for (start, size), out_spans, (cpu_rng, cuda_rng) in tiles:
                 torch.set_rng_state(cpu_rng)
                 for d, state in zip(ctx.devices, cuda_rng):
                     torch.cuda.set_rng_state(state, d)
@@ -232,6 +292,7 @@ class _TiledFunction(torch.autograd.Function):
                         result[i].add_(g)
                     else:
                         result[i].narrow(d, start, size).copy_(g)
+                del found, tile  # this tile's gradients go before the next tile is recomputed
         return (None,) * 5 + tuple(result)
 
 
@@ -263,7 +324,8 @@ def tiled_call(fn: Callable, tiles: int, in_dims: Sequence[int | None], out_dims
     if torch.is_grad_enabled() and (params or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         return _TiledFunction.apply(fn, tiles, in_dims, out_dims, len(params), *args, *params)
     length = _split_length(args, in_dims)
-    pieces, single = _run_tiles(fn, args, in_dims, [(0, 0)] if length is None else _tile_spans(length, tiles))
+    pieces, single = _run_tiles(fn, args, in_dims, [(0, 0)] if length is None else _tile_spans(length, tiles),
+                                out_dims)
     outputs = _concat(pieces, out_dims)
     return outputs[0] if single else outputs
 
