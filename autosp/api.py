@@ -40,7 +40,7 @@ from autosp.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
-ROUND_TRIP_PIPELINE = "builtin.module(autosp-dce)"
+ROUND_TRIP_PIPELINE = "builtin.module(autosp-sp-pipeline{sp-size=1})"
 # "off" plus the modes of the autosp-checkpoint pass, which defines them.
 CHECKPOINTING = ("off", *CHECKPOINT_MODES)
 

@@ -1,6 +1,6 @@
 """What is live at the memory model's peak: each live storage at the step's peak, grouped
-by the op that created it, the line of the compiled program that ran it and its shape,
-largest first (the memory model's own meta step, so the numbers are the ones
+by the op that created it, the line of the compiled program that ran it and its shape
+(and whether autograd saved it for backward), largest first (the memory model's own meta step, so the numbers are the ones
 ``estimate_memory`` reports).
 
     python bench/peak_breakdown.py --seq 4194304 --sp 8 --fsdp 8 --layers 2 \
@@ -19,6 +19,8 @@ import sys
 import torch
 
 from autosp.memory import PeakTracker, _storage_key
+
+SAVED: set[int] = set()  # storages autograd saved for backward (and that still exist)
 
 
 def _program_line() -> str:
@@ -54,10 +56,12 @@ class BlameTracker(PeakTracker):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
                 if key in self.live and key not in before:
+                    SAVED.discard(key)  # a new storage at a freed one's address
                     self.origin[key] = (phase, str(func), tuple(t.shape), str(t.dtype).replace("torch.", ""),
                                         _program_line())
         if self.peak_bytes > peak:
-            self.at_peak = [(self.origin.get(k, ("?",) * 5), n, k in self.set_aside) for k, (_, n) in self.live.items()]
+            self.at_peak = [(self.origin.get(k, ("?",) * 5), n, k in self.set_aside, k in SAVED)
+                            for k, (_, n) in self.live.items()]
             self.peak_phase = (phase, str(func))
         return out
 
@@ -78,23 +82,27 @@ def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, ra
         trackers.append(BlameTracker())
         return trackers[-1]
 
+    def pack(t):
+        SAVED.add(_storage_key(t))
+        return t
     estimate.PeakTracker = make
     try:
-        est = model.estimate(seq)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # (inner hooks take precedence)
+            est = model.estimate(seq)
     finally:
         estimate.PeakTracker = original
     t = trackers[-1]
     groups: dict = collections.defaultdict(lambda: [0, 0])
-    for origin, n, aside in t.at_peak:
-        g = groups[origin + (aside,)]
+    for origin, n, aside, kept in t.at_peak:
+        g = groups[origin + (aside, kept)]
         g[0] += n
         g[1] += 1
     print(f"8B shape, {layers} layers, S={seq}, SP={sp}, FSDP={fsdp}, plan {plan_mode} tiles {tiles} "
           f"loss chunk {loss_chunk}: activation peak {est.activation_peak_bytes / GiB:.2f} GiB "
           f"(state {est.state_bytes() / GiB:.2f} GiB), peak at {t.peak_phase}")
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    for (phase, func, shape, dtype, line, aside), (n, count) in rows[:top]:
-        tag = " [grad]" if aside else ""
+    for (phase, func, shape, dtype, line, aside, kept), (n, count) in rows[:top]:
+        tag = (" [grad]" if aside else "") + (" [saved for backward]" if kept else "")
         print(f"{n / GiB:8.3f} GiB  x{count:<3} {phase:8s} {func:45s} {dtype:8s} {list(shape)}{tag}\n"
               f"{'':24s}{line}")
     rest = sum(v[0] for _, v in rows[top:])

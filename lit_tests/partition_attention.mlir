@@ -87,15 +87,13 @@ func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", auto
 // -----
 
 // GQA repeated by the model (repeat_kv: unsqueeze -> broadcast -> view) with KV heads
-// divisible by P: the all-to-all moves the 2 KV heads and attention runs with enable_gqa on
-// each rank's own KV head, so k and v cost half the bytes of repeated heads and the
-// repeated copies never exist.
+// divisible by P: the all-to-all moves the 2 KV heads and each rank repeats its own one
+// afterwards, so k and v cost half the bytes of repeated heads.
 // CHECK-LABEL: func.func @repeat_kv
 // CHECK-SAME: %[[K:[^:]*]]: !torch.vtensor<[2,2,?,8],f32>
 // CHECK: %[[KA:.*]] = "autosp.all_to_all"(%[[K]], %{{.*}}) {{.*}} : (!torch.vtensor<[2,2,?,8],f32>, !torch.int) -> !torch.vtensor<[2,1,?,8],f32>
-// CHECK-NOT: torch.aten.repeat_interleave.self_int
-// CHECK: %[[GQA:.*]] = torch.constant.bool true
-// CHECK: torch.aten.scaled_dot_product_attention %{{.*}}, %[[KA]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[GQA]] : {{.*}}!torch.vtensor<[2,1,?,8],f32>
+// CHECK: %[[KR:.*]] = torch.aten.repeat_interleave.self_int %[[KA]], {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// CHECK: torch.aten.scaled_dot_product_attention %{{.*}}, %[[KR]], %{{.*}}
 func.func @repeat_kv(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                      %k: !torch.vtensor<[2,2,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64})
     -> !torch.vtensor<[2,4,?,8],f32> {

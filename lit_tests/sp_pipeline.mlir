@@ -43,10 +43,11 @@
 // The file's own IR: the imported SDPA attention block (python -m autosp.frontend attention).
 // RUN: autosp-opt %s --autosp-sp-pipeline=sp-size=2 | FileCheck %s --check-prefix=BLOCK
 // The pipeline runs as its sub-passes: --mlir-print-ir-after-all names each of them
-// (with its options), and with sp-size=1 the only one is autosp-dce.
+// (with its options), and with sp-size=1 the only ones are autosp-fuse-gqa and autosp-dce.
 // RUN: autosp-opt %s --autosp-sp-pipeline='sp-size=4 group=sp2' --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER
 // RUN: autosp-opt %s --pass-pipeline='builtin.module(autosp-sp-pipeline{sp-size=1})' --mlir-print-ir-after-all 2>&1 >/dev/null | FileCheck %s --check-prefix=AFTER1
 // AFTER:      // -----// IR Dump After autosp-causal-mask //----- //
+// AFTER:      // -----// IR Dump After autosp-fuse-gqa //----- //
 // AFTER:      // -----// IR Dump After autosp-dce //----- //
 // AFTER:      // -----// IR Dump After autosp-annotate-sequence //----- //
 // AFTER:      // -----// IR Dump After autosp-partition-attention{sp-size=4 group=sp2} //----- //
@@ -56,6 +57,7 @@
 // AFTER-NOT:  IR Dump
 // AFTER:      "autosp.all_to_all"{{.*}}group = "sp2"
 // AFTER-NOT:  autosp-sp-pipeline
+// AFTER1:     // -----// IR Dump After autosp-fuse-gqa //----- //
 // AFTER1:     // -----// IR Dump After autosp-dce //----- //
 // AFTER1-NOT: IR Dump
 // BLOCK-LABEL: func.func @main(

@@ -11,6 +11,7 @@ from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.fuse_attention import FuseAttention
+from autosp.passes.fuse_gqa import FuseGqa
 from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
@@ -26,6 +27,7 @@ PASSES: dict[str, type[ModulePass]] = {
         Checkpoint,
         DeadCodeElimination,
         FuseAttention,
+        FuseGqa,
         HoistShard,
         PartitionAttention,
         SequenceParallelPipeline,

@@ -9,11 +9,10 @@ GQA/MQA (``enable_gqa`` with fewer KV heads than query heads): when the KV heads
 divide by P but divide P, each KV head is repeated ``P / KV`` times first, so every rank
 gets the KV head its query heads use. When the model repeats KV heads itself before
 attention (``repeat_kv``: unsqueeze -> broadcast -> reshape) and the KV heads divide by
-P, the all-to-all moves the KV heads and attention runs with ``enable_gqa`` on each rank's
-heads (the same function: ``enable_gqa`` is repeat_interleave over the heads, and fused
-kernels read the shared KV head without materialising the copies): k and v then cost KV/H
-of the bytes (the Ulysses volume for GQA) and their repeated copies never exist. (An SDPA
-without an ``enable_gqa`` operand gets the repeat after the all-to-all.) Query heads that do not divide by P, or KV heads
+P, the all-to-all moves the KV heads and the repeat runs after it, on each rank's heads:
+k and v then cost KV/H of the bytes (the Ulysses volume for GQA). (``autosp-fuse-gqa``,
+run before this pass in the pipeline, removes such repeats where SDPA can read the shared
+heads itself: then the KV heads simply travel as they are.) Query heads that do not divide by P, or KV heads
 that neither divide nor are divided by P, are diagnosed at the attention op.
 """
 from __future__ import annotations
@@ -128,24 +127,13 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
                 return None
             return source, src_shape, reps
 
-        # Both k and v repeated by the model (repeat_kv) with the same factor, into an SDPA
-        # that has an enable_gqa operand: the all-to-all moves the KV heads and SDPA runs with
-        # enable_gqa (exactly repeat_interleave over the heads), so the repeated k and v (and
-        # their gradients) never exist; else the repeat runs after the all-to-all.
-        found_k = repeated_kv(k) if repeat == 1 else None
-        found_v = repeated_kv(v) if repeat == 1 else None
-        gqa = (found_k is not None and found_v is not None and found_k[2] == found_v[2]
-               and len(op.operands) > 7 and op_name(producer(op.operands[7])) == "torch.constant.bool")
-
         def to_heads(x, shape, reps):
-            found = (found_k if x == k else found_v) if reps == 1 and x != q else None
+            found = repeated_kv(x) if reps == 1 and x is not q else None
             if found is not None:
                 source, src_shape, kv_reps = found
                 local_src = [src_shape[0], src_shape[1] // sp_size, None, src_shape[3]]
                 moved = b.autosp_op("all_to_all", [source, seq_len], b.vtensor_type(local_src, dtype),
                                     split_dim=HEAD_DIM, concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
-                if gqa:
-                    return moved
                 local = [shape[0], shape[1] // sp_size, None, shape[3]]
                 return ir.Operation.create("torch.aten.repeat_interleave.self_int",
                                            results=[b.vtensor_type(local, dtype)],
@@ -164,9 +152,6 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
 
         new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
         new_operands += list(op.operands[3:])
-        if gqa:
-            new_operands[7] = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
-                                                  attributes={"value": ir.BoolAttr.get(True)}).result
         out_shape, out_dtype = _tensor_shape(op, op.results[0], "the result")
         out_heads = out_shape[HEAD_DIM]
         if out_heads is None:

@@ -14,6 +14,7 @@ from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.fuse_attention import FuseAttention
+from autosp.passes.fuse_gqa import FuseGqa
 from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
@@ -25,11 +26,13 @@ class SequenceParallelPipeline(ModulePass):
 
     Runs ``autosp-fuse-attention`` (hand-written softmax attention proven exact becomes
     SDPA), ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
+    ``autosp-fuse-gqa`` (attention reads shared KV heads, not repeated copies),
     ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
     global loss), ``autosp-hoist-shard`` (replicated tables such as RoPE's computed for the
-    rank's rows only) and ``autosp-dce``. With sp-size=1 only dead code is removed.
+    rank's rows only) and ``autosp-dce``. With sp-size=1 only ``autosp-fuse-gqa`` and
+    ``autosp-dce`` run.
 
     Input::
 
@@ -54,8 +57,8 @@ class SequenceParallelPipeline(ModulePass):
     def expand(self) -> list[ModulePass]:
         """The sub-passes, run (and dumped, and reproduced) one by one by the pipeline."""
         if self.sp_size <= 1:
-            return [DeadCodeElimination()]
-        return [FuseAttention(), CausalMask(), DeadCodeElimination(), AnnotateSequence(),
+            return [FuseGqa(), DeadCodeElimination()]
+        return [FuseAttention(), CausalMask(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group),
                 ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
                 HoistShard(), DeadCodeElimination()]

@@ -254,3 +254,34 @@ def test_structured_mask_kernels_match_eager_softmax_attention(kernel, _fresh_se
         assert (out - expected).abs().max() <= 1e-5, (kernel, fill)
         plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         assert (plain - expected).abs().max() > 1e-2, "control: the structure matters here"
+
+
+def test_recomputed_outputs_without_a_differentiable_source_are_not_differentiable():
+    """A checkpointed segment's output that depends on no input requiring grad (RoPE's
+    tables, made from positions and a buffer, next to the hidden states) is marked
+    non-differentiable, also through nested submodules: its consumers save nothing for
+    its gradient. Negative control: the unmarked function makes it require grad."""
+    import autosp.backend.checkpointing as ckpt
+    from torch.fx.passes.split_module import split_module
+
+    def f(x, pos, inv_freq):
+        n = x.shape[1]
+        table = (pos[:, :n, None].float() * inv_freq).cos()
+        return x * 2 + table.sum(), table
+    gm = torch.fx.symbolic_trace(f)
+    nodes = list(gm.graph.nodes)
+    nested = split_module(gm, gm, lambda n: int(nodes.index(n) >= len(nodes) // 2))  # submodules, getitems
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    pos, inv_freq = torch.arange(5)[None].expand(2, 5), torch.rand(4)
+    for fn in (gm, nested):
+        hidden, table = ckpt.Recompute(fn)(x, pos, inv_freq)
+        assert hidden.requires_grad and not table.requires_grad
+        hidden.sum().backward()
+        assert torch.allclose(x.grad, torch.full_like(x, 2.0))
+        x.grad = None
+    original = ckpt._differentiable_outputs
+    try:
+        ckpt._differentiable_outputs = lambda fn, requires: None
+        assert ckpt.Recompute(gm)(x, pos, inv_freq)[1].requires_grad
+    finally:
+        ckpt._differentiable_outputs = original

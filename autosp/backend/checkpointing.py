@@ -18,6 +18,8 @@ Example::
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
@@ -61,6 +63,77 @@ class _Replay(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _differentiable_outputs(fn, requires: list[bool]) -> list[bool] | None:
+    """Per output of the GraphModule ``fn``: whether it depends, through its graph (and its
+    submodules' graphs), on an input that requires grad (``requires``, per placeholder) or
+    on a parameter that does. An output that depends on neither (RoPE's tables, masks) is
+    not differentiable: marked so, its consumers save nothing for its gradient and
+    backward computes none. Sizes (``sym_size``) carry no gradient. None when ``fn`` is not
+    a GraphModule."""
+    inner = getattr(fn, "inner", None)  # Tiled / Recompute wrap a GraphModule
+    if not isinstance(fn, torch.fx.GraphModule):
+        if not isinstance(inner, torch.fx.GraphModule):
+            return None
+        found = _differentiable_outputs(inner, requires)
+        if found is not None and any(p.requires_grad for p in fn.parameters()):
+            found = [True] * len(found)
+        return found
+    key = tuple(requires)
+    cache = fn.__dict__.setdefault("_autosp_differentiable", {})
+    if key in cache:
+        return cache[key]
+    flags: dict[torch.fx.Node, object] = {}
+
+    def flag(x) -> bool:
+        value = flags.get(x, False) if isinstance(x, torch.fx.Node) else False
+        return any(value) if isinstance(value, list) else bool(value)
+    placeholders = iter(requires)
+    result: list[bool] = []
+    for node in fn.graph.nodes:
+        if node.op == "placeholder":
+            flags[node] = next(placeholders, True)
+        elif node.op == "get_attr":
+            value = getattr(fn, str(node.target), None) if "." not in str(node.target) else None
+            flags[node] = not isinstance(value, torch.Tensor) or value.requires_grad
+        elif node.op == "call_module":
+            module = fn.get_submodule(str(node.target))
+            sub = _differentiable_outputs(module, [flag(a) for a in node.args])
+            own = any(p.requires_grad for p in module.parameters())
+            if sub is None:
+                flags[node] = own or any(flag(n) for n in node.all_input_nodes)
+            else:
+                flags[node] = [own or d for d in sub] if _returns_tuple(module) else (own or any(sub))
+        elif node.op == "output":
+            outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+            result = [flag(o) for o in outs]
+        elif node.target is operator.getitem and isinstance(flags.get(node.args[0]), list):
+            flags[node] = flags[node.args[0]][node.args[1]]  # type: ignore[index]
+        elif _is_size(node):
+            flags[node] = False
+        else:
+            flags[node] = any(flag(n) for n in node.all_input_nodes)
+    cache[key] = result
+    return result
+
+
+_SIZE_OPS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default, torch.ops.aten.sym_stride.int)
+
+
+def _is_size(node: torch.fx.Node) -> bool:
+    """A node whose value is a size (an int, a shape), never differentiable."""
+    if node.op == "call_function":
+        return node.target in _SIZE_OPS or (node.target is getattr and node.args[1:2] == ("shape",))
+    return node.op == "call_method" and node.target in ("size", "dim", "numel", "stride")
+
+
+def _returns_tuple(module) -> bool:
+    gm = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "inner", None)
+    if not isinstance(gm, torch.fx.GraphModule):
+        return False
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    return isinstance(out.args[0], (tuple, list))
+
+
 class _RecomputeFunction(torch.autograd.Function):
     """Forward without a graph, keeping only the inputs; backward recomputes and
     differentiates. Uses ``torch.autograd.grad`` inside, so it works under both
@@ -91,8 +164,11 @@ class _RecomputeFunction(torch.autograd.Function):
                               *[x for leaves, _ in kept for x in leaves if isinstance(x, torch.Tensor)])
         ctx.single = not isinstance(outputs, tuple)
         outputs = (outputs,) if ctx.single else outputs
-        ctx.mark_non_differentiable(*[o for o in outputs if isinstance(o, torch.Tensor)
-                                      and not (o.is_floating_point() or o.is_complex())])
+        differentiable = _differentiable_outputs(fn, ctx.requires)
+        if differentiable is None or len(differentiable) != len(outputs):
+            differentiable = [True] * len(outputs)
+        ctx.mark_non_differentiable(*[o for o, d in zip(outputs, differentiable) if isinstance(o, torch.Tensor)
+                                      and not (d and (o.is_floating_point() or o.is_complex()))])
         return outputs[0] if ctx.single else outputs
 
     @staticmethod

@@ -14,6 +14,7 @@
 // CHECK-NEXT:     layers (str, default )
 // CHECK-NEXT:   autosp-dce{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-fuse-attention{{ +}}{{[A-Z].+}}
+// CHECK-NEXT:   autosp-fuse-gqa{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-hoist-shard{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-partition-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     sp-size (int, default 2)
