@@ -193,7 +193,13 @@ class Planner:
 
     def _log(self, found: Prediction) -> None:
         if self.verbose:
-            layers = ",".join(found.plan.layers)
+            runs: list[list] = []
+            for choice in found.plan.layers:  # run-length: "full x5, sac-min x27"
+                if runs and runs[-1][0] == choice:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([choice, 1])
+            layers = ", ".join(f"{c} x{n}" for c, n in runs)
             print(f"[autosp] plan candidate tiles={found.plan.tiles} layers={layers}: predicted "
                   f"{_human(found.total_bytes)}", file=sys.stderr, flush=True)
 

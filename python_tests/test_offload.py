@@ -327,3 +327,22 @@ def test_cuda_negative_control():
     model, x = _model(device="cuda"), torch.randn(N, H, device="cuda")
     broken = _step(model, x, _ZeroingOffloader(min_bytes=MIN))
     assert not all(torch.allclose(u, v) for u, v in zip(broken, _step(model, x)))
+
+
+def test_offload_applies_to_the_chosen_layers_only():
+    """A plan that offloads the last layer only: only that layer's segment gets the
+    offloader (a segment's placeholders carry the meta of the ops that made them, in the
+    layer before, which must not decide), and the memory model's saved bytes lie between
+    offloading nothing and offloading every layer."""
+    from autosp.estimate import MemoryModel
+    from autosp.plan import MemoryPlan
+    from autosp.testing.models import LlamaConfig
+    config = LlamaConfig(vocab=512, hidden=256, layers=3, heads=4, kv_heads=2, ffn=512)
+    saved = {}
+    for layers in (("full",) * 3, ("full", "full", "full+offload"), ("full+offload",) * 3):
+        plan = MemoryPlan(layers=layers, tiles=2, loss_chunk=64, drop_logits=True)
+        model = MemoryModel(config, sp_size=1, dtype=torch.bfloat16, plan=plan, optimizer="none")
+        segments = [c for n, c in sorted(model.program.runner.named_children()) if n.startswith("submod_segment")]
+        assert [s.offload is not None for s in segments] == [c.endswith("+offload") for c in layers], layers
+        saved[layers.count("full+offload")] = model.estimate(2048).saved_bytes
+    assert saved[0] > saved[1] > saved[3], saved

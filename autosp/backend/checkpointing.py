@@ -311,9 +311,12 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
     offloader = None
     for name, child in list(split.named_children()):
         if name.startswith("submod_segment"):
-            replay = any(n.meta.get("autosp_replay") for n in child.graph.nodes)
+            # The segment's own ops decide (split_module's placeholders carry the meta of
+            # the node that produced them, in another segment).
+            own = [n for n in child.graph.nodes if n.op not in ("placeholder", "output")]
+            replay = any(n.meta.get("autosp_replay") for n in own)
             offload = None
-            if any(n.meta.get("autosp_offload") for n in child.graph.nodes):
+            if any(n.meta.get("autosp_offload") for n in own):
                 from autosp.runtime.offload import Offloader
                 offloader = offload = offloader or Offloader()
             inner = tiled_module(child)
