@@ -330,19 +330,28 @@ def test_cuda_negative_control():
 
 
 def test_offload_applies_to_the_chosen_layers_only():
-    """A plan that offloads the last layer only: only that layer's segment gets the
+    """A plan that offloads the middle layer only: only that layer's segment gets the
     offloader (a segment's placeholders carry the meta of the ops that made them, in the
     layer before, which must not decide), and the memory model's saved bytes lie between
-    offloading nothing and offloading every layer."""
-    from autosp.estimate import MemoryModel
+    offloading nothing and offloading every layer. One compilation, each plan's memory
+    passes run on a copy (as the planner does)."""
+    from autosp.api import Transformed, transform
+    from autosp.estimate import MemoryModel, _meta_model
+    from autosp.pipeline import run_pipeline
     from autosp.plan import MemoryPlan
+    from autosp.runtime import collectives
     from autosp.testing.models import LlamaConfig
-    config = LlamaConfig(vocab=512, hidden=256, layers=3, heads=4, kv_heads=2, ffn=512)
+    model = _meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
+    ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+    with collectives.simulate(1, 0):
+        base = transform(model, (ids,), {"labels": ids}, sp_size=1).to_bytes()
     saved = {}
-    for layers in (("full",) * 3, ("full", "full", "full+offload"), ("full+offload",) * 3):
-        plan = MemoryPlan(layers=layers, tiles=2, loss_chunk=64, drop_logits=True)
-        model = MemoryModel(config, sp_size=1, dtype=torch.bfloat16, plan=plan, optimizer="none")
-        segments = [c for n, c in sorted(model.program.runner.named_children()) if n.startswith("submod_segment")]
+    for layers in (("full",) * 3, ("full", "full+offload", "full"), ("full+offload",) * 3):
+        transformed = Transformed.from_bytes(base)
+        run_pipeline(transformed.module, MemoryPlan(layers=layers, tiles=2, loss_chunk=64, drop_logits=True).pipeline())
+        memory = MemoryModel(model, 1, None, optimizer="none", call=lambda n: ((ids,), {"labels": ids}),
+                             transformed=transformed)
+        segments = [c for n, c in sorted(memory.program.runner.named_children()) if n.startswith("submod_segment")]
         assert [s.offload is not None for s in segments] == [c.endswith("+offload") for c in layers], layers
-        saved[layers.count("full+offload")] = model.estimate(2048).saved_bytes
+        saved[layers.count("full+offload")] = memory.estimate(8192).saved_bytes
     assert saved[0] > saved[1] > saved[3], saved
