@@ -40,7 +40,6 @@ from autosp.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
-ROUND_TRIP_PIPELINE = "builtin.module(autosp-sp-pipeline{sp-size=1})"
 # "off" plus the modes of the autosp-checkpoint pass, which defines them.
 CHECKPOINTING = ("off", *CHECKPOINT_MODES)
 
@@ -108,9 +107,8 @@ def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: in
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
     t0 = time.perf_counter()
-    pipeline = pipeline or (ROUND_TRIP_PIPELINE if sp_size == 1 else
-                            f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
-                            f"gather-outputs={str(gather_outputs).lower()}}})")
+    pipeline = pipeline or (f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
+                            f"gather-outputs={str(gather_outputs).lower()}}})")  # (sp-size=1: fuse-gqa, dce)
     run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
     memory = plan.pipeline() if plan is not None else (
         f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})" if checkpointing != "off" else None)

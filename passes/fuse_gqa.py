@@ -42,7 +42,6 @@ from autosp.ir.pass_base import ModulePass
 from autosp.passes.dce import eliminate_dead_code
 
 HEADS = 1  # of SDPA's [B, H, S, D] operands
-RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
 
 
 def _shape(value: ir.Value) -> list | None:
@@ -52,12 +51,11 @@ def _shape(value: ir.Value) -> list | None:
 
 def repeated_heads(value: ir.Value) -> tuple[ir.Value, int] | None:
     """``(x, reps)`` when ``value`` [B, KV*reps, S, D] is ``x`` [B, KV, S, D] with each head
-    repeated ``reps`` times in place (unsqueeze(2) -> expand/broadcast_to -> reshape); else None."""
-    op = producer(value)
-    if op is None or op_name(op) not in RESHAPES:
-        return None
-    wide = producer(op.operands[0])
-    while wide is not None and op_name(wide) == "torch.aten.clone":  # a contiguous() before the view
+    repeated ``reps`` times in place (unsqueeze(2) -> expand/broadcast_to -> views, as
+    Hugging Face's ``repeat_kv`` and ``repeat_interleave(dim=1)`` export); else None. Views
+    and copies keep the row-major order, so the shapes at both ends prove the merge."""
+    wide = producer(value)
+    while wide is not None and op_name(wide) in ops.VIEWS:
         wide = producer(wide.operands[0])
     if wide is None or op_name(wide) not in ops.BROADCASTS:
         return None

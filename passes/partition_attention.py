@@ -27,6 +27,7 @@ from autosp.ir import ops
 from autosp.ir.core import as_operation, const_int, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
+from autosp.passes.fuse_gqa import repeated_heads
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
 
 
@@ -119,9 +120,10 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     with ir.InsertionPoint(op), op.location:
         def repeated_kv(x):
             """``(source, reps)`` when ``x`` = repeat_kv(source) and the all-to-all can move source."""
-            source, reps = _repeat_kv_source(x, info)
-            if source is None:
+            found = repeated_heads(x)
+            if found is None or not _is_bhsd(found[0], info):
                 return None
+            source, reps = found
             src_shape = b.vtensor_shape(source.type)[0]
             if src_shape[HEAD_DIM] % sp_size or repeat != 1:
                 return None
@@ -170,33 +172,6 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     op.erase()
 
 
-
-
-def _repeat_kv_source(value, info: SequenceInfo):
-    """``(x, reps)`` when ``value`` [B, KV*reps, S, D] is ``x`` [B, KV, S, D] with every head
-    repeated ``reps`` times in place (unsqueeze(2) -> broadcast/expand -> reshape, as
-    Hugging Face's ``repeat_kv`` and ``repeat_interleave(dim=1)`` export); else ``(None, 0)``."""
-    op = producer(value)
-    while op is not None and op_name(op) in ops.VIEWS:
-        op = producer(op.operands[0])
-    if op is None or op_name(op) not in ops.BROADCASTS:
-        return None, 0
-    wide = b.vtensor_shape(op.results[0].type)
-    unsq = producer(op.operands[0])
-    if (wide is None or len(wide[0]) != 5 or unsq is None or op_name(unsq) != "torch.aten.unsqueeze"
-            or const_int(unsq.operands[1]) != 2):
-        return None, 0
-    source = unsq.operands[0]
-    src = b.vtensor_shape(source.type)
-    out = b.vtensor_shape(value.type)
-    if src is None or len(src[0]) != 4 or not _is_bhsd(source, info) or wide[0][2] is None:
-        return None, 0
-    reps, src_heads = wide[0][2], src[0][HEAD_DIM]
-    if out is None or src_heads is None:
-        return None, 0
-    if out[0][HEAD_DIM] != src_heads * reps or wide[0][1] != src_heads:
-        return None, 0
-    return source, reps
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp") -> int:

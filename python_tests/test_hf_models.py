@@ -5,6 +5,7 @@ gathered logits and every gradient against single-device eager, and three AdamW 
 against single-device training.
 """
 import copy
+import re
 import warnings
 
 import pytest
@@ -16,6 +17,8 @@ from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
 VOCAB = 128
+# repeat_kv's widened [B, KV, reps, S, D] key or value (broadcast_to / expand), as exported.
+REPEAT_KV = re.compile(r"torch\.aten\.(broadcast_to|expand) .*-> !torch\.vtensor<\[\d+,\d+,\d+,\?,\d+\],f32>")
 
 
 def _model(kind, attn):
@@ -75,6 +78,7 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
     transformed = compiled.programs[0].mlir["transformed"]
     result = {"outputs": report.max_output_error, "grads": report.max_grad_error,
               "a2a": transformed.count('"autosp.all_to_all"'), "key_padding": transformed.count("autosp.key_padding"),
+              "repeats": [len(REPEAT_KV.findall(compiled.programs[0].mlir[k])) for k in ("imported", "transformed")],
               "mask_warnings": [str(w.message) for w in caught if str(w.message).startswith("autosp:")]}
     if steps:
         opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3)
@@ -106,6 +110,8 @@ def test_hf_model_matches_single_device(kind, attn, world, seq, extra, _fresh_se
     for rank, r in results.items():
         assert r["outputs"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"
         assert r["a2a"] == 8, "4 all-to-alls per layer, 2 layers"
+        if kind == "llama":  # GQA: transformers' repeat_kv (k and v, 2 layers) is gone, SDPA reads the KV heads
+            assert r["repeats"] == [4, 0], r["repeats"]
     # An SDPA padding mask (causal and attention_mask[b, k]) is proven and runs without
     # S x S; a mask proven causal says nothing.
     warned = results[0]["mask_warnings"]

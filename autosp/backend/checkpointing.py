@@ -93,7 +93,9 @@ def _differentiable_outputs(fn, requires: list[bool]) -> list[bool] | None:
         if node.op == "placeholder":
             flags[node] = next(placeholders, True)
         elif node.op == "get_attr":
-            value = getattr(fn, str(node.target), None) if "." not in str(node.target) else None
+            value: object = fn
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
             flags[node] = not isinstance(value, torch.Tensor) or value.requires_grad
         elif node.op == "call_module":
             module = fn.get_submodule(str(node.target))

@@ -178,22 +178,25 @@ def _middle(k: int, count: int) -> bool:
     return 0 < k < count - 1
 
 
-def _run_tiles(fn, args, in_dims, spans, out_dims=None):
-    """fn on every tile: a list of output tuples, and whether fn returned a single tensor.
-    Given ``out_dims``, on the meta device the middle tiles are allocated, not run
-    (:func:`_simulated`)."""
+def _run_tiles(fn, args, in_dims, spans, out_dims=None, before=None):
+    """fn on every tile: (a list of output tuples, whether fn returned a single tensor, the
+    tiles allocated and not run). Given ``out_dims``, on the meta device the middle tiles
+    are allocated, not run (:func:`_simulated`). ``before()`` is called before each tile."""
     pieces: list = []
-    single = False
+    single, skipped = False, set()
     simulated = out_dims is not None and _simulated(*args)
     for k, (s, n) in enumerate(spans):
+        if before is not None:
+            before()
         fake = _fake_piece(pieces[0], spans[0][1], n, out_dims) if simulated and _middle(k, len(spans)) else None
         if fake is not None:
             pieces.append(fake)
+            skipped.add(k)
             continue
         out = fn(*_tile_args(args, in_dims, s, n))
         single = not isinstance(out, tuple)
         pieces.append((out,) if single else tuple(out))
-    return pieces, single
+    return pieces, single, skipped
 
 
 def _concat(pieces, out_dims):
@@ -219,19 +222,10 @@ class _TiledFunction(torch.autograd.Function):
         ctx.devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
         length = _split_length(args, in_dims)
         ctx.spans = [(0, 0)] if length is None else _tile_spans(length, tiles)
-        ctx.rng, pieces = [], []
-        simulated = _simulated(*args, *params)
-        ctx.skipped = set()  # on meta: the middle tiles, allocated and not run
-        for k, span in enumerate(ctx.spans):
-            ctx.rng.append((torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in ctx.devices]))
-            if simulated and _middle(k, len(ctx.spans)):
-                fake = _fake_piece(pieces[0], ctx.spans[0][1], span[1], out_dims)
-                if fake is not None:
-                    pieces.append(fake)
-                    ctx.skipped.add(k)
-                    continue
-            piece, ctx.single = _run_tiles(fn, args, in_dims, [span])
-            pieces += piece
+        ctx.rng = []  # per tile, replayed in backward
+        pieces, ctx.single, ctx.skipped = _run_tiles(  # (on meta, skipped: the middle tiles)
+            fn, args, in_dims, ctx.spans, out_dims,
+            before=lambda: ctx.rng.append((torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in ctx.devices])))
         # Where each tile's outputs lie in the concatenated outputs: (start, size) per output.
         # An output with out dim None is the same in every tile: the first tile's is
         # returned, and only the first tile gets its gradient (span None for the others).
@@ -324,8 +318,8 @@ def tiled_call(fn: Callable, tiles: int, in_dims: Sequence[int | None], out_dims
     if torch.is_grad_enabled() and (params or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         return _TiledFunction.apply(fn, tiles, in_dims, out_dims, len(params), *args, *params)
     length = _split_length(args, in_dims)
-    pieces, single = _run_tiles(fn, args, in_dims, [(0, 0)] if length is None else _tile_spans(length, tiles),
-                                out_dims)
+    pieces, single, _ = _run_tiles(fn, args, in_dims, [(0, 0)] if length is None else _tile_spans(length, tiles),
+                                   out_dims)
     outputs = _concat(pieces, out_dims)
     return outputs[0] if single else outputs
 
