@@ -14,6 +14,7 @@ another sequence length does not (the sequence dimension is symbolic).
 from __future__ import annotations
 
 import io
+import os
 import itertools
 import pickle  # programs travel between the ranks of one group
 import re
@@ -32,7 +33,7 @@ from autosp.backend.fx_emitter import _MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
-from autosp.ir.core import body_ops, funcs, make_context, op_name
+from autosp.ir.core import as_operation, body_ops, funcs, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
@@ -96,19 +97,34 @@ class Transformed:
         return Transformed(module, args, out_spec, tensor_leaves, mlir, timings)
 
 
+def mesh_options(strategy: str = "ulysses", ulysses_degree: int | None = None, ring_degree: int | None = None,
+                 ranks_per_node: int | None = None, seq_len: int | None = None) -> str:
+    """The ``autosp-sp-pipeline`` options that choose the Ulysses x ring mesh."""
+    return (f"strategy={strategy} ulysses-degree={ulysses_degree or 0} ring-degree={ring_degree or 0} "
+            f"ranks-per-node={ranks_per_node or 0} seq-len={seq_len or 0}")
+
+
+def _seq_len(args, kwargs, seq_dim: int) -> int | None:
+    return next((x.shape[seq_dim] for x in pytree.tree_leaves((args, kwargs))
+                 if isinstance(x, torch.Tensor) and x.dim() > seq_dim), None)
+
+
 def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
               gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-              checkpointing: str = "off", group_name: str = "sp", plan: MemoryPlan | None = None) -> Transformed:
+              checkpointing: str = "off", group_name: str = "sp", plan: MemoryPlan | None = None,
+              mesh: dict | None = None) -> Transformed:
     """Export ``model`` on these example inputs and run the pass pipeline for ``sp_size``
     ranks, then the memory passes: ``plan``'s (:meth:`MemoryPlan.pipeline`), or
     ``autosp-checkpoint`` unless ``checkpointing="off"``. The result is the same on every
-    rank: collectives name their group ``group_name`` and find their rank at run time."""
+    rank: collectives name their group ``group_name`` and find their rank at run time.
+    ``mesh``: :func:`mesh_options`' arguments (default: Ulysses)."""
     start = time.perf_counter()
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
     t0 = time.perf_counter()
+    options = mesh_options(**{"seq_len": _seq_len(args, kwargs, seq_dim), **(mesh or {})})
     pipeline = pipeline or (f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
-                            f"gather-outputs={str(gather_outputs).lower()}}})")  # (sp-size=1: fuse-gqa, dce)
+                            f"gather-outputs={str(gather_outputs).lower()} {options}}})")  # (sp-size=1: fuse-gqa, dce)
     run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
     memory = plan.pipeline() if plan is not None else (
         f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})" if checkpointing != "off" else None)
@@ -127,13 +143,29 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
     many ops were renamed."""
     renamed = 0
     with module.context:
-        name = ir.StringAttr.get(group_name)
         for func in funcs(module):
             for op in body_ops(func):
-                if op_name(op).startswith("autosp.") and "group" in op.attributes and op.attributes["group"] != name:
-                    op.attributes["group"] = name
-                    renamed += 1
+                if op_name(op).startswith("autosp.") and "group" in op.attributes:
+                    _, sep, axis = ir.StringAttr(op.attributes["group"]).value.partition(":")
+                    name = ir.StringAttr.get(group_name + sep + axis)  # sub-groups keep their axis
+                    if op.attributes["group"] != name:
+                        op.attributes["group"] = name
+                        renamed += 1
     return renamed
+
+
+def module_layout(module) -> "collectives.SeqLayout | None":
+    """The sequence layout ``autosp-partition-attention`` chose (None: none recorded)."""
+    attrs = as_operation(module).attributes
+    if "autosp.sp_layout" not in attrs:
+        return None
+    return collectives.SeqLayout.parse(ir.StringAttr(attrs["autosp.sp_layout"]).value)
+
+
+def module_choice(module) -> str | None:
+    """Why the partition pass chose its mesh (``autosp.sp_choice``), if it recorded it."""
+    attrs = as_operation(module).attributes
+    return ir.StringAttr(attrs["autosp.sp_choice"]).value if "autosp.sp_choice" in attrs else None
 
 
 def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
@@ -339,9 +371,23 @@ class AutospModule(torch.nn.Module):
                  verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True,
                  checkpointing: str = "off", grad_bucket_bytes: int = 25 << 20,
                  memory_plan: MemoryPlan | None = None, memory_budget: int | str | None = None,
-                 drop_logits: bool = False, optimizer: str = "adamw"):
+                 drop_logits: bool = False, optimizer: str = "adamw", sp_strategy: str = "auto",
+                 ulysses_degree: int | None = None, ring_degree: int | None = None,
+                 ranks_per_node: int | None = None):
         super().__init__()
         self.module = model
+        from autosp.strategy import STRATEGIES
+        if sp_strategy not in STRATEGIES:
+            raise AutospError(f"sp_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {sp_strategy!r}")
+        for what, d in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree),
+                        ("ranks_per_node", ranks_per_node)):
+            if d is not None and (not isinstance(d, int) or d < 1):
+                raise AutospError(f"{what} must be a positive int, got {d!r}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        self.mesh_request = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
+                                 ranks_per_node=ranks_per_node or local or None)
+        self.layout: collectives.SeqLayout | None = None  # the compiled layout (see gather_sequence)
+        self._mesh_groups: dict = {}
         self.memory_plan = memory_plan
         self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
         self.drop_logits = drop_logits
@@ -465,13 +511,15 @@ class AutospModule(torch.nn.Module):
             plan = self._plan(args, kwargs)
             return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             checkpointing=self.checkpointing, group_name=self.group_name, plan=plan)
+                             checkpointing=self.checkpointing, group_name=self.group_name, plan=plan,
+                             mesh=self.mesh_request)
 
         group = self.sp_group
         if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
             transformed = run()
         else:
             transformed = _transform_once_per_group(run, group)
+        self._bind_layout(transformed.module)
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
                                checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
         seq = next((x.shape[self.seq_dim] for x in pytree.tree_leaves((args, kwargs))
@@ -482,6 +530,41 @@ class AutospModule(torch.nn.Module):
         program.shard_scale = self.shard_scale
         program.sharded_names = self.sharded_names
         return program
+
+    def _bind_layout(self, module) -> None:
+        """Register the sequence layout the compiler chose, and for a Ulysses x ring mesh
+        its sub-groups (``<group_name>:ulysses``, ``<group_name>:ring``; created once per
+        mesh, by the group's ranks only)."""
+        lay = module_layout(module)
+        if lay is None or self.sp_size == 1:
+            return
+        if self.verbose and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(f"[autosp] sequence parallelism: {lay.describe()} ({module_choice(module)})", flush=True)
+        if self.layout is not None and lay != self.layout:
+            raise AutospError(f"this call's sequence layout ({lay.describe()}) differs from an earlier call's "
+                              f"({self.layout.describe()}); one module runs one mesh")
+        self.layout = lay
+        collectives.register_group(self.group_name, self.sp_group, layout=lay)
+        if lay.ring == 1 or collectives._SIMULATED or not dist.is_initialized():
+            return
+        if lay not in self._mesh_groups:
+            ranks = dist.get_process_group_ranks(self.sp_group)
+            i, j = divmod(dist.get_rank(self.sp_group), lay.ulysses)
+            ulysses = dist.new_group(ranks[i * lay.ulysses:(i + 1) * lay.ulysses], use_local_synchronization=True)
+            ring = dist.new_group(ranks[j::lay.ulysses], use_local_synchronization=True)
+            self._mesh_groups[lay] = (ulysses, ring)
+        ulysses, ring = self._mesh_groups[lay]
+        collectives.register_group(f"{self.group_name}:ulysses", ulysses)
+        collectives.register_group(f"{self.group_name}:ring", ring)
+
+    def gather_sequence(self, x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """This rank's sequence shard of an output (``gather_outputs=False``) -> the whole
+        sequence, in sequence order, on every rank. With ring attention the local shard
+        holds the rank's pieces of the layout in order (zigzag: chunks i and 2R-1-i of
+        2R, see :class:`autosp.runtime.collectives.SeqLayout`), not one contiguous run;
+        this undoes that. Differentiable (the backward is the rank's slice)."""
+        dim = self.seq_dim if dim is None else dim
+        return collectives.restore_sequence_order(x, dim, self.group_name)
 
     def _plan(self, args, kwargs) -> MemoryPlan | None:
         """The memory plan of this compilation: ``memory_plan``, or the planner's for

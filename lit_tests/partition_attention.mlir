@@ -1,5 +1,10 @@
 // RUN: autosp-opt %s --split-input-file --autosp-partition-attention=sp-size=2 | FileCheck %s
 // RUN: autosp-opt %s --split-input-file --autosp-partition-attention=sp-size=4 | FileCheck %s --check-prefix=P4
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=4 strategy=ring' | FileCheck %s --check-prefix=RING
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=4 strategy=hybrid ulysses-degree=2' \
+// RUN:   | FileCheck %s --check-prefix=HYB
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=4 strategy=auto seq-len=1048576' \
+// RUN:   | FileCheck %s --check-prefix=AUTO
 
 // q, k, v go from [B, H, S, D] to [B, H/P, S, D]; attention runs on H/P heads; the output
 // comes back: exactly 4 all-to-alls, nothing else crosses ranks.
@@ -20,6 +25,28 @@
 // P4-LABEL: func.func @sdpa
 // P4-COUNT-3: -> !torch.vtensor<[2,1,?,8],f32>
 // P4: torch.aten.scaled_dot_product_attention {{.*}} -> !torch.vtensor<[2,1,?,8],f32>
+// Ring (sp-size=4 strategy=ring): q, k, v stay sequence-sharded; attention becomes one
+// autosp.ring_attention on the ring group, which moves K/V blocks itself. The module
+// records the layout (zigzag: rank i holds chunks i and 7 - i) and why it was chosen.
+// RING: module attributes {autosp.sp_choice = "requested: ring 1x4: {{.*}}", autosp.sp_layout = "ulysses=1 ring=4 zigzag"}
+// RING-LABEL: func.func @sdpa
+// RING-SAME: (%[[QIN:[^:]*]]: !torch.vtensor<[2,4,?,8],f32> {{.*}}, %[[KIN:[^:]*]]: {{.*}}, %[[VIN:[^:]*]]:
+// RING: %[[S:.*]] = torch.aten.size.int %[[QIN]]
+// RING-NOT: autosp.all_to_all
+// RING: %[[O:.*]] = "autosp.ring_attention"(%[[QIN]], %[[KIN]], %[[VIN]], %[[S]]) {group = "sp:ring", is_causal = 1 : i64, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}) -> !torch.vtensor<[2,4,?,8],f32>
+// RING-NOT: autosp.all_to_all
+// RING: return %[[O]]
+// Hybrid 2 x 2: Ulysses all-to-alls on the ":ulysses" sub-group around a ring on ":ring".
+// HYB: autosp.sp_layout = "ulysses=2 ring=2 zigzag"
+// HYB-LABEL: func.func @sdpa
+// HYB-COUNT-3: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp:ulysses", seq_dim = 2 : i64, split_dim = 1 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,2,?,8],f32>
+// HYB: %[[O:.*]] = "autosp.ring_attention"({{.*}}) {group = "sp:ring", {{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
+// HYB: "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp:ulysses", seq_dim = 2 : i64, split_dim = 2 : i64}
+// At 1M tokens on one node every mesh's exposed cost is under 1% of the attention's own
+// time, a tie, which goes to Ulysses; the reason lists the other meshes it priced.
+// AUTO: autosp.sp_choice = "chosen: ulysses 4x1: {{.*}}; also priced: {{.*}}", autosp.sp_layout = "ulysses=4 ring=1"
+// AUTO-LABEL: func.func @sdpa
+// AUTO-NOT: autosp.ring_attention
 func.func @sdpa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                 %k: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64},
                 %v: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 2 : i64})
@@ -51,6 +78,16 @@ func.func @sdpa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", aut
 // P4-LABEL: func.func @mqa
 // P4: torch.constant.int 4
 // P4: torch.aten.repeat_interleave.self_int {{.*}} -> !torch.vtensor<[2,4,?,8],f32>
+// Ring: the one KV head travels as it is (no repeat), attention reads it for 4 heads.
+// RING-LABEL: func.func @mqa
+// RING-NOT: repeat_interleave
+// RING: "autosp.ring_attention"({{.*}}) {{.*}} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+// Hybrid 2 x 2: the KV head is repeated to 2 for the Ulysses split, then each rank's one KV head rings.
+// HYB-LABEL: func.func @mqa
+// HYB: torch.aten.repeat_interleave.self_int {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// HYB: "autosp.ring_attention"({{.*}}) {{.*}} : (!torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.vtensor<[2,1,?,8],f32>, !torch.int) -> !torch.vtensor<[2,2,?,8],f32>
+// AUTO-LABEL: func.func @mqa
+// AUTO: "autosp.all_to_all"
 func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                %k: !torch.vtensor<[2,1,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64},
                %v: !torch.vtensor<[2,1,?,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 2 : i64})

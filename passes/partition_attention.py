@@ -60,16 +60,105 @@ class PartitionAttention(ModulePass):
     name: ClassVar[str] = "autosp-partition-attention"
     sp_size: int = 2
     group: str = "sp"
+    strategy: str = "ulysses"
+    ulysses_degree: int = 0
+    ring_degree: int = 0
+    ranks_per_node: int = 0
+    seq_len: int = 0
 
     def apply(self, module) -> None:
         if self.sp_size < 1:
             raise DiagnosticError.at(as_operation(module), f"sp-size must be >= 1, got {self.sp_size}")
         if self.sp_size == 1:
             return
-        partition_attention(module, analyze_sequence(module), self.sp_size, self.group)
+        info = analyze_sequence(module)
+        choice = choose_mesh(module, info, self)
+        with module.context:
+            as_operation(module).attributes[LAYOUT_ATTR] = ir.StringAttr.get(choice.layout.describe())
+            as_operation(module).attributes[CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
+        partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring)
 
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
+LAYOUT_ATTR = "autosp.sp_layout"   # on the module: the SeqLayout the runtime lays the sequence out in
+CHOICE_ATTR = "autosp.sp_choice"   # on the module: the strategy chosen, and why
+
+
+def ring_blocker(op, kind: str) -> str | None:
+    """Why ring attention cannot run ``op`` (None: it can): it needs SDPA whose mask is
+    none (causal or not), or proven documents / a sliding window."""
+    if kind == "manual":
+        return "it is softmax attention written out (ring attention runs SDPA)"
+    mask = op.operands[3]
+    if ops.KEY_PADDING_ATTR in op.attributes or ops.EMPTY_ROWS_ATTR in op.attributes:
+        return "its mask keeps key padding (ring attention takes causal, document and window masks)"
+    if ops.DOCUMENTS_ATTR not in op.attributes and not _is_none(mask):
+        return "its mask is not one autosp-causal-mask proved causal, documents or a window"
+    if ops.WINDOW_ATTR in op.attributes and ops.DOCUMENTS_ATTR in op.attributes:
+        return "it combines documents with a sliding window"
+    if not _is_none(op.operands[4]) and _float_value(op.operands[4]) not in (0.0, None):
+        return "it has dropout"
+    if not _is_none(op.operands[6]) and _float_value(op.operands[6]) is None:
+        return "its scale is not a constant"
+    return None
+
+
+def _is_none(value) -> bool:
+    return not isinstance(value.owner, ir.Block) and op_name(value.owner) == ops.CONSTANT_NONE
+
+
+def _float_value(value) -> float | None:
+    owner = producer(value)
+    if owner is None or op_name(owner) not in ("torch.constant.float", "torch.constant.int"):
+        return None
+    attr = owner.attributes["value"]
+    return float(ir.FloatAttr(attr).value) if op_name(owner) == "torch.constant.float" else float(ir.IntegerAttr(attr).value)
+
+
+def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
+    """The Ulysses x ring mesh for every attention op (one layout for the module):
+    :func:`autosp.strategy.choose` on the first op's heads, limited to meshes every op
+    can run. A forced strategy no op can run is diagnosed at that op."""
+    from autosp.strategy import StrategyError, choose
+    heads = []
+    ring_ok = None
+    for op, kind in info.attention:
+        q, k = (op.operands[0], op.operands[1]) if kind == "sdpa" else (None, None)
+        if q is not None:
+            heads.append((op, _tensor_shape(op, q, "query")[0][HEAD_DIM], _tensor_shape(op, k, "key")[0][HEAD_DIM]))
+        blocker = ring_blocker(op, kind)
+        if blocker and ring_ok is None:
+            ring_ok = (op, blocker)
+    if heads and len({(h, kv) for _, h, kv in heads}) > 1:
+        raise DiagnosticError.at(heads[1][0], "has other head counts than the first attention op; autosp lays "
+                                             "the sequence out once for the module")
+    h, kv = (heads[0][1], heads[0][2]) if heads else (None, None)
+    if h is None or kv is None:  # manual attention (or dynamic heads): Ulysses only, as before
+        if options.strategy in ("ring", "hybrid") or options.ring_degree > 1:
+            raise DiagnosticError.at(info.attention[0][0], "ring attention needs SDPA with static head counts")
+        from autosp.strategy import Candidate, Choice
+        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: manual attention")
+    strategy, ring = options.strategy, options.ring_degree
+    if strategy == "ulysses" and ring <= 1:  # the heads' checks are partition_sdpa's diagnostics
+        from autosp.strategy import Candidate, Choice
+        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: requested")
+    forced_ring = strategy in ("ring", "hybrid") or ring > 1
+    if ring_ok is not None:
+        if forced_ring:
+            raise DiagnosticError.at(ring_ok[0], f"cannot run as ring attention: {ring_ok[1]}")
+        if strategy == "auto":
+            strategy = "ulysses"
+    head_dim = _tensor_shape(heads[0][0], heads[0][0].operands[0], "query")[0][3] or 128
+    try:
+        choice = choose(h, kv, options.sp_size, ranks_per_node=options.ranks_per_node or None,
+                        seq_len=options.seq_len or 8192, head_dim=head_dim, strategy=strategy,
+                        ulysses=options.ulysses_degree, ring=ring)
+    except StrategyError as e:
+        raise DiagnosticError.at(heads[0][0], str(e)) from None
+    if ring_ok is not None and options.strategy == "auto":
+        choice = type(choice)(choice.best, choice.reason + f"; ring ruled out: an attention op: {ring_ok[1]}",
+                              choice.candidates)
+    return choice
 
 
 def _tensor_shape(op, value, what: str) -> tuple[list[int | None], str]:
@@ -93,8 +182,8 @@ def _check_operand(op, value, what: str, info: SequenceInfo) -> tuple[list, str]
     return shape
 
 
-def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> None:
-    """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all."""
+def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> ir.Operation:
+    """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all; return the new SDPA."""
     q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
     (q_shape, dtype), (k_shape, _), (v_shape, _) = (_check_operand(op, x, n, info)
                                                     for x, n in ((q, "query"), (k, "key"), (v, "value")))
@@ -170,19 +259,47 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     # `back` has the old result's type ([B, H, S, D]), so its shape bindings stay valid.
     op.results[0].replace_all_uses_with(back)
     op.erase()
+    return attention
+
+
+def to_ring(op, group: str, seq_len: ir.Value) -> None:
+    """Replace SDPA ``op`` by ``autosp.ring_attention`` on the same (sharded) operands."""
+    q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
+    causal = bool(ir.IntegerAttr(producer(op.operands[5]).attributes["value"]).value) \
+        if producer(op.operands[5]) is not None and op_name(producer(op.operands[5])) == "torch.constant.bool" else None
+    if causal is None:
+        raise DiagnosticError.at(op, "has an is_causal that is not a constant; ring attention needs it")
+    window = ir.IntegerAttr(op.attributes[ops.WINDOW_ATTR]).value if ops.WINDOW_ATTR in op.attributes else 0
+    scale = 0.0 if _is_none(op.operands[6]) else (_float_value(op.operands[6]) or 0.0)
+    operands = [q, k, v, seq_len] + ([mask] if ops.DOCUMENTS_ATTR in op.attributes else [])
+    with ir.InsertionPoint(op), op.location:
+        ring = b.autosp_op("ring_attention", operands, op.results[0].type, is_causal=int(causal), window=window,
+                           scale=float(scale), group=group)
+    op.results[0].replace_all_uses_with(ring)
+    op.erase()
 
 
 
 
-def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp") -> int:
-    """Partition every attention op found by the analysis; return how many were rewritten."""
+def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp", *, ulysses: int = 0,
+                        ring: int = 1) -> int:
+    """Partition every attention op found by the analysis on a ``ulysses x ring`` mesh
+    (default: Ulysses over all ``sp_size`` ranks); return how many were rewritten.
+    With ``ring > 1`` the all-to-alls run on the ``<group>:ulysses`` sub-group and
+    attention becomes ``autosp.ring_attention`` on ``<group>:ring``."""
+    ulysses = ulysses or sp_size // ring
     count = 0
     seq_len = sequence_length_value(module, info) if info.attention else None
+    a2a_group = group if ring == 1 else f"{group}:ulysses"
     for op, kind in info.attention:
         if kind == "manual":
-            partition_manual(op, info, sp_size, group, seq_len)
+            partition_manual(op, info, ulysses, a2a_group, seq_len)
+        elif ring == 1:
+            partition_sdpa(op, info, ulysses, a2a_group, seq_len)
         else:
-            partition_sdpa(op, info, sp_size, group, seq_len)
+            if ulysses > 1:
+                op = partition_sdpa(op, info, ulysses, a2a_group, seq_len)
+            to_ring(op, f"{group}:ring", seq_len)
         count += 1
     return count
 

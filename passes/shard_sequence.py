@@ -150,6 +150,7 @@ class OpClass(enum.Enum):
 
     TO_HEADS = "all_to_all to heads"
     TO_SEQUENCE = "all_to_all to sequence"
+    RING = "ring attention"  # q, k, v sharded alike -> output sharded alike
     SUM = "sum"  # over the sequence: local sum + all-reduce
     SLICE = "slice"  # along the sequence: narrows the window
     SELECT = "select"  # one position: needs the whole sequence
@@ -165,6 +166,8 @@ def op_class(op) -> OpClass:
     if name == ops.ALL_TO_ALL:
         to_heads = op.attributes["concat_dim"].value == op.attributes["seq_dim"].value
         return OpClass.TO_HEADS if to_heads else OpClass.TO_SEQUENCE
+    if name == ops.RING_ATTENTION:
+        return OpClass.RING
     if name in ops.SUM_OPS:
         return OpClass.SUM
     if name == ops.SLICE_OP:
@@ -234,6 +237,14 @@ class Rules:
             if layouts[0] != HEAD_SHARDED:
                 raise DiagnosticError.at(op, "expects a head-sharded operand")
             return Decision(SequenceSharded(op.attributes["seq_dim"].value))
+        if kind is OpClass.RING:
+            # q, k, v: sequence-sharded on the whole sequence (ring alone) or head-sharded
+            # frames (inside Ulysses); the document ids stay replicated (read by position).
+            if layouts[0] != SequenceSharded(2) and layouts[0] != HEAD_SHARDED or \
+                    any(lay != layouts[0] for lay in layouts[1:3]):
+                raise DiagnosticError.at(op, "ring attention needs q, k and v sequence-sharded on the whole "
+                                             f"sequence along dim 2, or head-sharded; got {', '.join(map(str, layouts[:3]))}")
+            return Decision(layouts[0])
         if HEAD_SHARDED in layouts:
             # Inside attention: queries and keys are whole, so replicated masks stay whole.
             if any(isinstance(x, SequenceSharded) for x in layouts):

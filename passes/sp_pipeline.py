@@ -32,7 +32,8 @@ class SequenceParallelPipeline(ModulePass):
     layer), ``autosp-shard-sequence`` (layouts, local sizes, sliced positions and labels,
     global loss), ``autosp-hoist-shard`` (replicated tables such as RoPE's computed for the
     rank's rows only) and ``autosp-dce``. With sp-size=1 only ``autosp-fuse-gqa`` and
-    ``autosp-dce`` run.
+    ``autosp-dce`` run. ``strategy`` (``ulysses``, ``ring``, ``hybrid`` or ``auto``) and
+    the degrees choose the Ulysses x ring mesh (see ``autosp-partition-attention``).
 
     Input::
 
@@ -49,6 +50,11 @@ class SequenceParallelPipeline(ModulePass):
     sp_size: int = 2
     group: str = "sp"
     gather_outputs: bool = False
+    strategy: str = "ulysses"
+    ulysses_degree: int = 0
+    ring_degree: int = 0
+    ranks_per_node: int = 0
+    seq_len: int = 0
 
     def __post_init__(self) -> None:
         if self.sp_size < 1:
@@ -59,6 +65,8 @@ class SequenceParallelPipeline(ModulePass):
         if self.sp_size <= 1:
             return [FuseGqa(), DeadCodeElimination()]
         return [FuseAttention(), CausalMask(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
-                PartitionAttention(sp_size=self.sp_size, group=self.group),
+                PartitionAttention(sp_size=self.sp_size, group=self.group, strategy=self.strategy,
+                                   ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
+                                   ranks_per_node=self.ranks_per_node, seq_len=self.seq_len),
                 ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
                 HoistShard(), DeadCodeElimination()]

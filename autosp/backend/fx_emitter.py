@@ -86,6 +86,22 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS["autosp.vocab_logprob"] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
+def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: int, scale: float, group: str):
+    """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
+    ranks' pieces of the sequence read from the group's layout (each ring rank attends
+    with its ring group's frame), the document ids ([B, 1, 1, S]) as [B, S], and the
+    attributes' "none" spellings (``window`` 0, ``scale`` 0.0) as None."""
+    from autosp.runtime import ring
+    lay = collectives.layout(group)
+    pieces = [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
+    ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])
+    return ring.ring_attention(q, k, v, pieces=pieces, group=group, is_causal=bool(is_causal), scale=scale or None,
+                               doc_ids=ids, window=window or None)
+
+
+_AUTOSP_OPS["autosp.ring_attention"] = (ring_attention, ("q", "k", "v", "seq_len", "doc_ids"))
+
+
 def resolve_torch_op(name: str):
     """``torch.aten.add.Tensor`` -> ``torch.ops.aten.add.Tensor`` (None if PyTorch has no such op)."""
     if name in _RENAMED:

@@ -118,6 +118,31 @@ irdl.dialect @autosp {
     irdl.results(output: %result)
     irdl.attributes { "chunk" = %chunk, "steps" = %steps, "softmax_dtype" = %dtype }
   }
+  // Ring attention (``autosp-partition-attention`` with ring degree > 1): softmax
+  // attention over the whole sequence while q, k and v stay sequence-sharded on `group`
+  // (a ring of R ranks, each holding its pieces of the sequence in the layout of the
+  // module's `autosp.sp_layout`). K/V blocks travel the ring (R - 1 send/recv hops,
+  // overlapped with the attention of the block at hand); the per-block results are merged
+  // with their log-sum-exp, exactly; the backward runs the ring again and the dK/dV
+  // accumulators travel home with their blocks. Keys and values keep their own (KV)
+  // head count: GQA/MQA heads are never repeated. Masks, in absolute positions i (query)
+  // and j (key): `is_causal` (j <= i), `window` (i - j < window; 0: none), and with the
+  // optional `doc_ids` ([B, 1, 1, S], replicated) doc[i] == doc[j]. `scale` 0.0: 1/sqrt(D).
+  irdl.operation @ring_attention {
+    %query = irdl.base "!torch.vtensor"
+    %kv = irdl.base "!torch.vtensor"
+    %value = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %ids = irdl.base "!torch.vtensor"
+    %causal = irdl.base "#builtin.integer"
+    %window = irdl.base "#builtin.integer"
+    %scale = irdl.base "#builtin.float"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, doc_ids: optional %ids)
+    irdl.results(output: %result)
+    irdl.attributes { "is_causal" = %causal, "window" = %window, "scale" = %scale, "group" = %group }
+  }
   // How many positions of the window [lo, seq_len - trim) this rank holds.
   irdl.operation @local_len {
     %int = irdl.base "!torch.int"

@@ -47,7 +47,9 @@ def autosp_op(name: str, operands, result_type: ir.Type, **attrs) -> ir.Value:
     """An ``autosp.<name>`` op on ``operands`` (a value or a list); int attributes become
     i64, strings StringAttr."""
     operands = list(operands) if isinstance(operands, (list, tuple)) else [operands]
-    attributes = {k: (i64(v) if isinstance(v, int) else ir.StringAttr.get(v)) for k, v in attrs.items()}
+    attributes = {k: (i64(v) if isinstance(v, int) else
+                      ir.FloatAttr.get(ir.F64Type.get(), v) if isinstance(v, float) else ir.StringAttr.get(v))
+                  for k, v in attrs.items()}
     return ir.Operation.create(f"autosp.{name}", results=[result_type], operands=operands,
                                attributes=attributes).result
 

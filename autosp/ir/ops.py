@@ -82,7 +82,9 @@ ATTENTION_RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsa
 
 # ---------------------------------------------------------------- collectives
 ALL_TO_ALL = "autosp.all_to_all"
-COMMUNICATION_OPS = ("autosp.all_to_all", "autosp.all_gather", "autosp.all_reduce", "autosp.reduce_scatter")
+RING_ATTENTION = "autosp.ring_attention"
+COMMUNICATION_OPS = ("autosp.all_to_all", "autosp.all_gather", "autosp.all_reduce", "autosp.reduce_scatter",
+                     "autosp.ring_attention")
 
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.

@@ -14,6 +14,16 @@ to be divisible by P and no token is dropped or padded (and the formula has no b
 labels of a causal-LM loss are shifted by one); each rank then holds the part of its
 chunk inside the window.
 
+**Layouts** (:class:`SeqLayout`). With ring attention the group is a mesh of ``ring``
+groups of ``ulysses`` ranks (rank ``g = i * ulysses + j``: ring index i, Ulysses index j).
+The sequence is cut into ``ring`` chunks, or ``2 * ring`` with ``zigzag`` (ring group i
+then holds chunks i and ``2*ring - 1 - i``, so causal attention costs every ring rank the
+same); ring group i's chunks, concatenated, are split evenly over its ``ulysses`` ranks.
+A rank thus holds one or two *pieces* (absolute ranges) of the sequence, in that order:
+:meth:`SeqLayout.pieces`. With one ring group (Ulysses) that is the even split above.
+Sub-groups are named after the group: ``"<name>:ulysses"`` (the ranks of one ring index)
+and ``"<name>:ring"`` (the ranks of one Ulysses index).
+
 **Gradients (SPMD).** Every rank runs the same program and differentiates its own copy.
 A collective whose result is replicated (``all_reduce``, ``all_gather``) therefore has a
 *local* backward (identity / this rank's slice): each rank back-propagates its own share,
@@ -24,11 +34,101 @@ This module is the bottom of the dependency graph: it imports nothing else of au
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 _GROUPS: dict[str, object] = {}
-_SIMULATED: list = []  # [(size, rank)] while simulate() is active
+_LAYOUTS: dict[str, "SeqLayout"] = {}  # group name -> its sequence layout (default: even split)
+_SIMULATED: list = []  # [(size, rank, layout)] while simulate() is active
+
+
+@dataclass(frozen=True)
+class SeqLayout:
+    """How a sequence-parallel group of ``ulysses * ring`` ranks holds the sequence (see
+    the module docstring). ``SeqLayout(ulysses=P)`` is the even split of Ulysses.
+
+    Example::
+
+        >>> SeqLayout(ulysses=1, ring=2, zigzag=True).pieces(10, 0)
+        [(0, 3), (8, 10)]
+    """
+
+    ulysses: int = 1
+    ring: int = 1
+    zigzag: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.ulysses * self.ring
+
+    def ring_pieces(self, seq_len: int, i: int) -> list[tuple[int, int]]:
+        """The pieces ring group ``i`` holds (the frame its ranks' attention sees)."""
+        if not self.zigzag:
+            return [chunk(seq_len, self.ring, i)]
+        return [chunk(seq_len, 2 * self.ring, i), chunk(seq_len, 2 * self.ring, 2 * self.ring - 1 - i)]
+
+    def pieces(self, seq_len: int, g: int) -> list[tuple[int, int]]:
+        """Rank ``g``'s pieces ``[(start, end), ...]`` (absolute positions), in the order it
+        holds them. Some may be empty."""
+        i, j = divmod(g, self.ulysses)
+        frame = self.ring_pieces(seq_len, i)
+        if self.ulysses == 1:
+            return frame
+        total = sum(b - a for a, b in frame)
+        v0, v1 = chunk(total, self.ulysses, j)  # this rank's part of the concatenated frame
+        out, offset = [], 0
+        for a, b in frame:
+            lo = a + torch.sym_min(torch.sym_max(v0 - offset, 0), b - a)
+            hi = a + torch.sym_min(torch.sym_max(v1 - offset, 0), b - a)
+            out.append((lo, hi))
+            offset = offset + (b - a)
+        return out
+
+    def order(self) -> list[tuple[int, int]]:
+        """Every ``(rank, piece index)`` in sequence order (the same for every length)."""
+        keyed = []
+        for g in range(self.size):
+            i, j = divmod(g, self.ulysses)
+            chunks = [i, 2 * self.ring - 1 - i] if self.zigzag else [i]
+            keyed += [((c, j), (g, k)) for k, c in enumerate(chunks)]
+        return [rk for _, rk in sorted(keyed)]
+
+    def describe(self) -> str:
+        """``"ulysses=2 ring=2 zigzag"``: the form of the IR's ``autosp.sp_layout``."""
+        return f"ulysses={self.ulysses} ring={self.ring}" + (" zigzag" if self.zigzag else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "SeqLayout":
+        """The inverse of :meth:`describe`."""
+        degrees, zigzag = {"ulysses": 1, "ring": 1}, False
+        for word in text.split():
+            key, _, value = word.partition("=")
+            if key == "zigzag" and not value:
+                zigzag = True
+            elif key in degrees:
+                degrees[key] = int(value)
+            else:
+                raise ValueError(f"sequence layout {text!r}: unknown field {key!r}")
+        return cls(degrees["ulysses"], degrees["ring"], zigzag)
+
+
+def _base(name: str) -> tuple[str, str]:
+    """``"autosp0:ring"`` -> ``("autosp0", "ring")``; a plain name -> ``(name, "")``."""
+    base, _, axis = name.partition(":")
+    return base, axis
+
+
+def layout(name: str) -> SeqLayout:
+    """The layout of group ``name``'s sequence-parallel group (its base name's)."""
+    base, _ = _base(name)
+    found = _LAYOUTS.get(base)
+    if found is not None:
+        return found
+    if _SIMULATED and _SIMULATED[-1][2] is not None:
+        return _SIMULATED[-1][2]
+    return SeqLayout(ulysses=group_size(base))
 
 
 class simulate:
@@ -42,11 +142,11 @@ class simulate:
             loss = program(model, leaves)      # as rank 0 of 8, no process group needed
     """
 
-    def __init__(self, size: int, rank: int = 0):
-        self.size, self.rank = size, rank
+    def __init__(self, size: int, rank: int = 0, layout: SeqLayout | None = None):
+        self.size, self.rank, self.layout = size, rank, layout
 
     def __enter__(self):
-        _SIMULATED.append((self.size, self.rank))
+        _SIMULATED.append((self.size, self.rank, self.layout))
         return self
 
     def __exit__(self, *exc):
@@ -66,32 +166,50 @@ class _SimulatedExchange(torch.autograd.Function):
         return grad.new_empty(ctx.shape), None
 
 
-def register_group(name: str, group) -> None:
+def register_group(name: str, group, layout: SeqLayout | None = None) -> None:
     """Bind a group name used in the IR (``group = "autosp0"``) to a process group (None:
-    the default group). ``AutospModule`` registers one unique name per module."""
+    the default group). ``AutospModule`` registers one unique name per module, and for a
+    mesh layout (ring attention) its sub-groups ``name:ulysses`` and ``name:ring`` too."""
     _GROUPS[name] = group
+    if layout is not None:
+        _LAYOUTS[name] = layout
+    elif ":" not in name:
+        _LAYOUTS.pop(name, None)
+
+
+def _simulated_index(name: str) -> tuple[int, int]:
+    size, rank, _ = _SIMULATED[-1]
+    base, axis = _base(name)
+    if not axis:
+        return size, rank
+    lay = layout(base)
+    i, j = divmod(rank, lay.ulysses)
+    return (lay.ulysses, j) if axis == "ulysses" else (lay.ring, i)
 
 
 def group_size(name: str) -> int:
     """Ranks in group ``name`` (1 when torch.distributed is not initialised)."""
     if _SIMULATED:
-        return _SIMULATED[-1][0]
+        return _simulated_index(name)[0]
     if not (dist.is_available() and dist.is_initialized()):
         return 1
-    return dist.get_world_size(_GROUPS.get(name))
+    return dist.get_world_size(_group(name))
 
 
 def group_rank(name: str) -> int:
     """This rank's index in group ``name`` (0 when torch.distributed is not initialised)."""
     if _SIMULATED:
-        return _SIMULATED[-1][1]
+        return _simulated_index(name)[1]
     if not (dist.is_available() and dist.is_initialized()):
         return 0
-    return dist.get_rank(_GROUPS.get(name))
+    return dist.get_rank(_group(name))
 
 
 def _group(name: str):
     g = _GROUPS.get(name)
+    if g is None and ":" in name and name not in _GROUPS:
+        raise RuntimeError(f"autosp: sub-group {name!r} is not registered (the compiled module registers "
+                           "its ring and Ulysses groups before running)")
     return g if g is not None else dist.group.WORLD
 
 
@@ -101,23 +219,41 @@ def chunk(seq_len: int, ranks: int, rank: int) -> tuple[int, int]:
     return rank * seq_len // ranks, (rank + 1) * seq_len // ranks
 
 
+def spans(seq_len: int, lo: int, trim: int, lay: SeqLayout, rank: int) -> list[tuple[int, int]]:
+    """Rank ``rank``'s pieces ``[(a, b), ...]`` (frame positions) of the window
+    ``[lo, seq_len - trim)``, in the order it holds them (possibly empty)."""
+    out = []
+    for start, end in lay.pieces(seq_len, rank):
+        a = torch.sym_max(start, lo)
+        out.append((a, torch.sym_max(a, torch.sym_min(end, seq_len - trim))))
+    return out
+
+
 def span(seq_len: int, lo: int, trim: int, ranks: int, rank: int) -> tuple[int, int]:
-    """This rank's part ``[a, b)`` (frame positions) of the window ``[lo, seq_len - trim)``."""
-    start, end = chunk(seq_len, ranks, rank)
-    a = torch.sym_max(start, lo)
-    b = torch.sym_max(a, torch.sym_min(end, seq_len - trim))
-    return a, b
+    """This rank's part ``[a, b)`` of the window ``[lo, seq_len - trim)`` under the even
+    split (one piece)."""
+    return spans(seq_len, lo, trim, SeqLayout(ulysses=ranks), rank)[0]
+
+
+def _length(pieces) -> int:
+    return sum(b - a for a, b in pieces)
 
 
 def local_len(seq_len: int, lo: int, trim: int, group: str) -> int:
     """How many positions of the window ``[lo, seq_len - trim)`` this rank holds."""
-    a, b = span(seq_len, lo, trim, group_size(group), group_rank(group))
-    return b - a
+    return _length(spans(seq_len, lo, trim, layout(group), group_rank(group)))
+
+
+def _narrow_pieces(x: torch.Tensor, dim: int, offset: int, pieces) -> torch.Tensor:
+    """The pieces ``[(a, b), ...]`` of ``x`` along ``dim``, where index j of ``x`` is frame
+    position ``offset + j``, concatenated (no copy for one piece)."""
+    parts = [x.narrow(dim, a - offset, b - a) for a, b in pieces]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def shard(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, group: str) -> torch.Tensor:
     """Replicated -> sharded, no communication: ``x`` holds the window ``[lo, seq_len - trim)``
-    (index j is frame position lo + j); keep this rank's part of it.
+    (index j is frame position lo + j); keep this rank's pieces of it.
 
     ``dim`` may also be a flattened (outer x window) dimension, the window innermost, as
     ``labels[:, 1:].reshape(-1)``: then each of its ``outer`` rows is sliced alike.
@@ -125,17 +261,17 @@ def shard(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, group: st
     p = group_size(group)
     if p == 1:
         return x
-    a, b = span(seq_len, lo, trim, p, group_rank(group))
+    pieces = spans(seq_len, lo, trim, layout(group), group_rank(group))
     dim %= x.dim()
     window = seq_len - lo - trim
     size = x.shape[dim]
     if size == window:
-        return x.narrow(dim, a - lo, b - a)
+        return _narrow_pieces(x, dim, lo, pieces)
     if window <= 0 or size % window:
         raise RuntimeError(f"autosp.shard: dim {dim} of size {size} is not the sequence window ({window}) "
                            "or a multiple of it")
     outer = size // window
-    rows = x.unflatten(dim, (outer, window)).narrow(dim + 1, a - lo, b - a)
+    rows = _narrow_pieces(x.unflatten(dim, (outer, window)), dim + 1, lo, pieces)
     return rows.flatten(dim, dim + 1)
 
 
@@ -145,10 +281,27 @@ def rewindow(x: torch.Tensor, seq_len: int, dim: int, lo: int, trim: int, new_lo
     p = group_size(group)
     if p == 1:
         return x.narrow(dim, new_lo - lo, seq_len - new_trim - new_lo)
-    r = group_rank(group)
-    a, _ = span(seq_len, lo, trim, p, r)
-    na, nb = span(seq_len, new_lo, new_trim, p, r)
-    return x.narrow(dim, torch.sym_min(na - a, x.shape[dim]), nb - na)
+    lay, r = layout(group), group_rank(group)
+    old, new = spans(seq_len, lo, trim, lay, r), spans(seq_len, new_lo, new_trim, lay, r)
+    parts, offset = [], 0
+    for (a, b), (na, nb) in zip(old, new):  # the same pieces, each narrowed
+        parts.append(x.narrow(dim, torch.sym_min(offset + na - a, x.shape[dim]), nb - na))
+        offset = offset + (b - a)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def restore_sequence_order(x: torch.Tensor, dim: int, group: str, seq_len: int | None = None) -> torch.Tensor:
+    """All ranks' local shards of a sequence-sharded ``x`` gathered in sequence order
+    (the inverse of the layout's permutation; see the module docstring). ``seq_len``: the
+    full length (default: the sum of the local lengths)."""
+    return all_gather(x, dim, group, seq_len=seq_len if seq_len is not None else _total_len(x, dim, group))
+
+
+def _total_len(x: torch.Tensor, dim: int, group: str) -> int:
+    n = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
+    if group_size(group) > 1 and not _SIMULATED:
+        dist.all_reduce(n, group=_group(group))
+    return int(n) if not _SIMULATED else x.shape[dim] * group_size(group)
 
 
 # ----------------------------------------------------------------------------- all_to_all
@@ -168,6 +321,19 @@ class _AllToAllSingle(torch.autograd.Function):
         sent_back = grad.new_empty(sum(in_splits))
         dist.all_to_all_single(sent_back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
         return sent_back, None, None, None
+
+
+def _frame_len(group: str, seq_len: int) -> int:
+    """The length a Ulysses all-to-all over ``group`` gathers: the whole sequence, or on a
+    mesh (``name:ulysses``) the frame of this rank's ring group (its ring attention's rows)."""
+    base, axis = _base(group)
+    lay = layout(base)
+    if axis == "ulysses":
+        return _length(lay.ring_pieces(seq_len, group_rank(base) // lay.ulysses))
+    if lay.ring != 1:
+        raise RuntimeError(f"autosp.all_to_all over {group!r}: the group's layout ({lay.describe()}) has ring "
+                           "groups; a Ulysses exchange runs on its ':ulysses' sub-group")
+    return seq_len
 
 
 def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, group: str,
@@ -206,7 +372,8 @@ def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, g
     if seq_dim == concat_dim:
         if seq_len is None:
             raise RuntimeError("autosp.all_to_all: gathering the sequence needs its full length")
-        extents = [b - a for a, b in (chunk(seq_len, p, i) for i in range(p))]
+        frame = _frame_len(group, seq_len)
+        extents = [b - a for a, b in (chunk(frame, p, i) for i in range(p))]
     else:
         extents = [x.shape[concat_dim]] * p
     shapes = []
@@ -253,40 +420,55 @@ def all_reduce(x: torch.Tensor, reduce_op: str, group: str) -> torch.Tensor:
 
 
 class _AllGatherLocalBackward(torch.autograd.Function):
+    """Gather every rank's pieces (``held[g]``: rank g's ``[(a, b), ...]``, frame positions)
+    and lay them out in ``order`` (``(rank, piece)`` pairs); index 0 of the result is frame
+    position ``lo``. Backward: this rank's pieces of the gradient."""
+
     @staticmethod
-    def forward(ctx, x, dim, group, seq_len, lo, trim):
-        p, r = group_size(group), group_rank(group)
-        spans = [span(seq_len, lo, trim, p, i) for i in range(p)]
-        longest = max(b - a for a, b in spans)
+    def forward(ctx, x, dim, group, held, order, lo):
+        r = group_rank(group)
+        longest = max(_length(pieces) for pieces in held)
         padded = x
         if x.shape[dim] < longest:
             pad_shape = list(x.shape)
             pad_shape[dim] = longest - x.shape[dim]
             padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
-        gathered = [torch.empty_like(padded) for _ in range(p)]
+        gathered = [torch.empty_like(padded) for _ in held]
         if not _SIMULATED:
             dist.all_gather(gathered, padded.contiguous(), group=_group(group))
-        ctx.dim, ctx.offset, ctx.length = dim, spans[r][0] - spans[0][0], spans[r][1] - spans[r][0]
-        return torch.cat([g.narrow(dim, 0, b - a) for g, (a, b) in zip(gathered, spans)], dim=dim)
+        offsets = []  # where each rank's pieces start in its own tensor
+        for pieces in held:
+            o, starts = 0, []
+            for a, b in pieces:
+                starts.append(o)
+                o = o + (b - a)
+            offsets.append(starts)
+        ctx.dim, ctx.lo, ctx.mine = dim, lo, held[r]
+        return torch.cat([gathered[g].narrow(dim, offsets[g][k], held[g][k][1] - held[g][k][0])
+                          for g, k in order], dim=dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.narrow(ctx.dim, ctx.offset, ctx.length), None, None, None, None, None
+        return _narrow_pieces(grad, ctx.dim, ctx.lo, ctx.mine), None, None, None, None, None
 
 
 def all_gather(x: torch.Tensor, dim: int, group: str, seq_len: int | None = None, lo: int = 0,
                trim: int = 0) -> torch.Tensor:
-    """Concatenate every rank's part along ``dim``. With ``seq_len``, the parts are the uneven
-    pieces of the window ``[lo, seq_len - trim)``; without, all parts have ``x``'s size.
+    """Concatenate every rank's part along ``dim``. With ``seq_len``, the parts are the
+    pieces of the window ``[lo, seq_len - trim)`` in the group's layout, put back in
+    sequence order; without, all parts have ``x``'s size (in rank order).
     The backward is local: this rank's slice of the gradient."""
     p = group_size(group)
     if p == 1:
         return x
     dim %= x.dim()
     if seq_len is None:
-        n = x.shape[dim] * p
-        seq_len, lo, trim = n, 0, 0
-    return _AllGatherLocalBackward.apply(x, dim, group, seq_len, lo, trim)
+        n = x.shape[dim]
+        held = [[(g * n, (g + 1) * n)] for g in range(p)]
+        return _AllGatherLocalBackward.apply(x, dim, group, held, [(g, 0) for g in range(p)], 0)
+    lay = layout(group)
+    held = [spans(seq_len, lo, trim, lay, g) for g in range(p)]
+    return _AllGatherLocalBackward.apply(x, dim, group, held, lay.order(), lo)
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> torch.Tensor:

@@ -19,6 +19,11 @@
 // CHECK-NEXT:   autosp-partition-attention{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     sp-size (int, default 2)
 // CHECK-NEXT:     group (str, default sp)
+// CHECK-NEXT:     strategy (str, default ulysses)
+// CHECK-NEXT:     ulysses-degree (int, default 0)
+// CHECK-NEXT:     ring-degree (int, default 0)
+// CHECK-NEXT:     ranks-per-node (int, default 0)
+// CHECK-NEXT:     seq-len (int, default 0)
 // CHECK-NEXT:   autosp-shard-sequence{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     group (str, default sp)
 // CHECK-NEXT:     gather-outputs (bool, default False)
@@ -26,6 +31,11 @@
 // CHECK-NEXT:     sp-size (int, default 2)
 // CHECK-NEXT:     group (str, default sp)
 // CHECK-NEXT:     gather-outputs (bool, default False)
+// CHECK-NEXT:     strategy (str, default ulysses)
+// CHECK-NEXT:     ulysses-degree (int, default 0)
+// CHECK-NEXT:     ring-degree (int, default 0)
+// CHECK-NEXT:     ranks-per-node (int, default 0)
+// CHECK-NEXT:     seq-len (int, default 0)
 // CHECK-NEXT:   autosp-tile-loss{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     chunk (int, default 0)
 // CHECK-NEXT:     drop-logits (bool, default False)

@@ -1,0 +1,504 @@
+"""Exact ring attention over a sequence sharded in arbitrary pieces (forward and backward).
+
+:func:`ring_attention` computes, for this rank's query rows, exactly what
+``F.scaled_dot_product_attention`` computes on the whole sequence under the mask
+
+    query ``i`` sees key ``j``  iff  (not is_causal or j <= i)
+                                     and (window is None or i - j < window)
+                                     and (doc_ids is None or doc_ids[b, i] == doc_ids[b, j])
+
+(positions are absolute), while each rank only ever holds its own queries and one other
+rank's keys/values at a time. The ``R`` ranks of the group form a ring: rank ``r`` sends
+to ``r + 1`` and receives from ``r - 1`` (mod R).
+
+**Layout.** ``pieces[s]`` lists the ``(start, end)`` position ranges held by ring rank
+``s``, in the order they are concatenated along dim -2 of its tensors; together the
+ranges of all ranks partition ``[0, S)``. Contiguous chunks, zigzag (rank i holds chunks
+i and 2R-1-i, which balances causal work), uneven and empty pieces are all fine: every
+mask decision is made from these intervals.
+
+**Schedule.**
+
+- Forward, R steps: at step ``t`` this rank holds the K/V of ring rank ``(r - t) % R``.
+  Before computing with it, it posts the exchange of that block (K and V packed in one
+  buffer ``[2, B, Hkv, L_s, D]``: one send to ``r + 1``, one receive from ``r - 1``), so
+  the transfer overlaps the compute; R - 1 hops in all. Only the KV heads travel (GQA and
+  MQA keys are never repeated).
+- Backward, R steps over the same ring: K/V circulate again (R - 1 hops, posted before
+  each step's compute), and each block's dK/dV accumulator (one packed buffer ``[2, B,
+  Hkv, L_s, D]`` in the accumulation dtype: fp32, fp64 for fp64 inputs) travels *with*
+  its block: after computing its contribution a rank adds the accumulator that arrived
+  from ``r - 1`` (received while it computed) and passes the sum to ``r + 1``. After the
+  R-th hop every rank holds the complete dK/dV of its own K/V. dQ accumulates locally.
+
+Per block, every (query piece, key piece) pair is classified from the intervals: *skip*
+(no key visible), *full* (every key visible: no mask), *diagonal* (same range, causal,
+no window or documents: the kernel's own causal mode) or *masked* (an additive mask
+built from positions and document ids). With documents, a pair whose mask is all False
+(or all True) is skipped (or run unmasked) where that costs no device sync (CPU). Pair
+results are merged with their log-sum-exp in the accumulation dtype (rows that see no key
+yet have lse = -inf and contribute nothing).
+
+**Kernels.** On CPU (and on the meta device) the fused flash kernel
+``aten._scaled_dot_product_flash_attention_for_cpu`` (which returns the log-sum-exp and
+reads shared KV heads natively) and its backward, called with the *final* merged output
+and lse, which gives each block's exact share of the gradient. Elsewhere (CUDA) a plain
+math path in the accumulation dtype (scores, masked log-sum-exp, softmax @ V; backward
+dS = P * (dP - rowsum(dO * O))); ``FORCE_MATH = True`` selects it on CPU too.
+
+**Memory.** Saved for backward: q, k, v (local), the output and the lse: O(L), not O(S)
+(``doc_ids``, the caller's replicated tensor, is referenced, not copied). Transient: two
+K/V blocks (the current one, being sent, and the arriving one), in backward also up to
+three dK/dV accumulators (being sent, arriving, being computed), and one pair's mask (and,
+on the math path, its scores) at a time.
+
+**Simulation.** Under :class:`autosp.runtime.collectives.simulate` (the memory model, on
+meta tensors) nothing is sent: each step allocates the buffer the receive would have
+filled (``new_empty``, contents undefined) and computes with it, so shapes, saved tensors
+and allocations are those of a real run.
+
+:data:`STATS` counts this process's ring sends and bytes sent (forward and backward);
+:func:`reset_stats` zeroes it.
+
+Example::
+
+    >>> # S = 10 on 2 ranks, zigzag: rank 0 holds [0, 3) and [8, 10), rank 1 holds [3, 8)
+    >>> pieces = [[(0, 3), (8, 10)], [(3, 5), (5, 8)]]
+    >>> out = ring_attention(q, k, v, pieces=pieces, group="autosp0", is_causal=True)
+    >>> # q: [B, Hq, 5, D] on rank 0 (rows 0,1,2,8,9), k, v: [B, Hkv, 5, D]; out like q
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from autosp.runtime import collectives
+
+STATS = {"sends": 0, "bytes": 0}
+"""This process's ring traffic: sends posted and bytes sent (forward and backward)."""
+
+FORCE_MATH = False
+"""Use the plain math path even where the fused CPU kernel is available (tests)."""
+
+_SKIP, _FULL, _DIAG, _MASK = "skip", "full", "diag", "mask"
+_TAG_KV, _TAG_BWD_KV, _TAG_DKV = 0, 1, 2
+
+
+def reset_stats() -> None:
+    """Zero :data:`STATS`."""
+    STATS["sends"] = 0
+    STATS["bytes"] = 0
+
+
+# ----------------------------------------------------------------------------- layout
+def _layout(ranges) -> list[tuple[int, int, int]]:
+    """``[(start, end, local_offset)]`` of one rank's pieces: empty pieces dropped, pieces
+    adjacent both in position and in the local order merged (fewer kernel calls)."""
+    out: list[list[int]] = []
+    offset = 0
+    for start, end in ranges:
+        if end > start:
+            if out and out[-1][1] == start:  # continues the previous piece, locally adjacent too
+                out[-1][1] = end
+            else:
+                out.append([start, end, offset])
+            offset += end - start
+    return [(a, b, o) for a, b, o in out]
+
+
+def _check_pieces(pieces, ranks: int) -> tuple[list[list[tuple[int, int]]], int]:
+    """Normalised pieces and the sequence length S they cover; ValueError if they do not
+    partition ``[0, S)``."""
+    if not isinstance(pieces, (list, tuple)) or len(pieces) != ranks:
+        n = len(pieces) if isinstance(pieces, (list, tuple)) else type(pieces).__name__
+        raise ValueError(f"ring_attention: pieces must list the ranges of each of the {ranks} ring ranks, "
+                         f"got {n} entries")
+    norm = []
+    for s, ranges in enumerate(pieces):
+        rs = []
+        for rng in ranges:
+            try:
+                a, b = (int(x) for x in rng)
+            except (TypeError, ValueError):
+                raise ValueError(f"ring_attention: pieces[{s}] holds {rng!r}, not a (start, end) pair") from None
+            if a < 0 or b < a:
+                raise ValueError(f"ring_attention: pieces[{s}] holds the range ({a}, {b}): need 0 <= start <= end")
+            rs.append((a, b))
+        norm.append(rs)
+    spans = sorted((a, b) for rs in norm for a, b in rs if b > a)
+    pos = 0
+    for a, b in spans:
+        if a != pos:
+            what = "overlap" if a < pos else "leave a gap"
+            raise ValueError(f"ring_attention: pieces {what} at position {min(a, pos)}; they must partition "
+                             f"[0, S) (got {spans})")
+        pos = b
+    return norm, pos
+
+
+# ----------------------------------------------------------------------------- masks
+def _classify(qa: int, qb: int, ka: int, kb: int, causal: bool, window, docs: bool) -> str:
+    """What the pair (queries [qa, qb), keys [ka, kb)) needs, from the intervals alone."""
+    if causal and ka >= qb:  # every key after every query
+        return _SKIP
+    if window is not None and qa - (kb - 1) >= window:  # every key too far back
+        return _SKIP
+    if docs:
+        return _MASK
+    full = (not causal or kb - 1 <= qa) and (window is None or (qb - 1) - ka < window)
+    if full:
+        return _FULL
+    if causal and window is None and (qa, qb) == (ka, kb):
+        return _DIAG
+    return _MASK
+
+
+def _visible(qa, qb, ka, kb, causal, window, docs, device) -> torch.Tensor:
+    """Boolean ``[Bd or 1, 1, qb - qa, kb - ka]``: which keys each query sees."""
+    vis = torch.ones(qb - qa, kb - ka, dtype=torch.bool, device=device)
+    if causal:
+        d = torch.arange(qa, qb, device=device)[:, None] - torch.arange(ka, kb, device=device)[None, :]
+        vis = d >= 0
+        if window is not None:
+            vis = vis & (d < window)
+    vis = vis[None, None]
+    if docs is not None:
+        same = docs[:, qa:qb, None] == docs[:, None, ka:kb]
+        vis = vis & same[:, None]
+    return vis
+
+
+def _concrete(t: torch.Tensor) -> bool:
+    """Data-dependent decisions (document masks) only where they cost no device sync: CPU data."""
+    return t.device.type == "cpu"
+
+
+def _pair_plan(qa, qb, ka, kb, spec, device):
+    """(kind, visibility or None) of a pair. With documents on CPU data, a pair inside one
+    document (in every batch row) is planned as without documents (full, diagonal, or a
+    position mask), one that sees nothing is skipped and one that sees everything is full."""
+    docs = spec.docs
+    if docs is not None and _concrete(docs):
+        ids = torch.cat([docs[:, qa:qb], docs[:, ka:kb]], dim=1)
+        if bool((ids == ids[:, :1]).all()):
+            docs = None
+    kind = _classify(qa, qb, ka, kb, spec.causal, spec.window, docs is not None)
+    vis = None
+    if kind == _MASK:
+        vis = _visible(qa, qb, ka, kb, spec.causal, spec.window, docs, device)
+        if docs is not None and _concrete(vis):
+            if not bool(vis.any()):
+                return _SKIP, None
+            if bool(vis.all()):
+                return _FULL, None
+    return kind, vis
+
+
+def _additive(vis: torch.Tensor, dtype) -> torch.Tensor:
+    """The CPU kernel's forward takes no boolean mask: 0 where visible, -inf elsewhere."""
+    return torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill(~vis, float("-inf"))
+
+
+# ----------------------------------------------------------------------------- kernels
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: fp32, or fp64 for fp64 inputs (the CPU kernel's lse is fp64 there)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _use_kernel(q: torch.Tensor) -> bool:
+    return q.device.type in ("cpu", "meta") and not FORCE_MATH
+
+
+def _math_scores(q, k, vis, diag, scale):
+    """Scores ``[B, Hkv, G, Lq, Lk]`` in the accumulation dtype (query head h uses KV head
+    h // G), masked."""
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    acc = _acc(q.dtype)
+    qf = q.to(acc).reshape(b, hkv, hq // hkv, lq, d)
+    s = (qf @ k.to(acc).unsqueeze(2).transpose(-1, -2)) * scale
+    if diag:
+        vis = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()[None, None]
+    if vis is not None:
+        s = s.masked_fill(~vis[:, :, None], float("-inf"))
+    return s, qf
+
+
+def _pair_forward(q, k, v, kind, vis, scale, kernel):
+    """One pair's (out [B, Hq, Lq, D], lse [B, Hq, Lq]) in the accumulation dtype; rows
+    that see no key in this pair get out 0 and lse -inf."""
+    if kernel:
+        mask = None if vis is None else _additive(vis, q.dtype)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+        o, lse = o.to(_acc(q.dtype)), lse.to(_acc(q.dtype))
+        if vis is not None:  # the kernel gives such rows out 0 but lse 0 (not -inf)
+            empty = ~vis.any(-1)  # [Bd, 1, Lq]
+            o = o.masked_fill(empty[..., None], 0.0)
+            lse = lse.masked_fill(empty, float("-inf"))
+        return o, lse
+    b, hq, lq, d = q.shape
+    s, _ = _math_scores(q, k, vis, kind == _DIAG, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
+    o = p @ v.to(p.dtype).unsqueeze(2)
+    return o.reshape(b, hq, lq, d), lse.reshape(b, hq, lq)
+
+
+def _pair_backward(dout, q, k, v, out, lse, delta, kind, vis, scale, kernel):
+    """One pair's (dq, dk, dv) given the FINAL output and lse of these query rows (lse of a
+    row that saw nothing is +inf here, so its probabilities are 0)."""
+    if kernel:
+        mask = None if vis is None else _additive(vis, q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    s, qf = _math_scores(q, k, vis, kind == _DIAG, scale)
+    p = torch.exp(s - lse.reshape(b, hkv, g, lq)[..., None])
+    do = dout.to(qf.dtype).reshape(b, hkv, g, lq, d)
+    dv = (p.transpose(-1, -2) @ do).sum(2)
+    dp = do @ v.to(qf.dtype).unsqueeze(2).transpose(-1, -2)
+    ds = p * (dp - delta.reshape(b, hkv, g, lq)[..., None])
+    dq = (ds @ k.to(qf.dtype).unsqueeze(2)) * scale
+    dk = (ds.transpose(-1, -2) @ qf).sum(2) * scale
+    return dq.reshape(b, hq, lq, d), dk, dv
+
+
+def _merge(out, lse, o, o_lse):
+    """Fold a pair's (o, o_lse) into the running (out, lse) views, in place, without NaN
+    for rows where both are empty (-inf)."""
+    new = torch.logaddexp(lse, o_lse)
+    safe = new.masked_fill(new == float("-inf"), 0.0)
+    out.mul_(torch.exp(lse - safe)[..., None]).add_(o * torch.exp(o_lse - safe)[..., None])
+    lse.copy_(new)
+
+
+# ----------------------------------------------------------------------------- ring
+@dataclass
+class _Spec:
+    layouts: list          # per ring rank: [(start, end, local offset)]
+    lengths: list          # per ring rank: local length
+    group: str
+    ranks: int
+    rank: int
+    causal: bool
+    window: int | None
+    docs: torch.Tensor | None
+    scale: float
+    simulated: bool
+    kernel: bool
+
+
+class _Ring:
+    """Non-blocking sends to ``rank + 1`` / receives from ``rank - 1`` on the group's
+    process group; waits are bounded by the group's timeout (CPU/gloo)."""
+
+    def __init__(self, spec: _Spec, device):
+        self.live = spec.ranks > 1 and not spec.simulated
+        if not self.live:
+            return
+        self.pg = collectives._group(spec.group)
+        self.next = dist.get_global_rank(self.pg, (spec.rank + 1) % spec.ranks)
+        self.prev = dist.get_global_rank(self.pg, (spec.rank - 1) % spec.ranks)
+        self.timeout = _timeout(self.pg) if device.type == "cpu" else None
+
+    def post(self, send, recv, tag) -> list:
+        """Post a send of ``send`` and a receive into ``recv`` (either may be None or empty:
+        both ends know every block's size, so they skip the same messages)."""
+        if not self.live:
+            return []
+        ops = []
+        if send is not None and send.numel():
+            ops.append(dist.P2POp(dist.isend, send, self.next, self.pg, tag))
+            STATS["sends"] += 1
+            STATS["bytes"] += send.numel() * send.element_size()
+        if recv is not None and recv.numel():
+            ops.append(dist.P2POp(dist.irecv, recv, self.prev, self.pg, tag))
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    def wait(self, works) -> None:
+        for w in works:
+            if self.timeout is None:
+                w.wait()
+            else:
+                w.wait(self.timeout)
+
+
+def _timeout(pg) -> timedelta:
+    try:
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except Exception:  # noqa: BLE001 - a backend without options: torch's default
+        return dist.distributed_c10d.default_pg_timeout
+
+
+def _block_shape(like: torch.Tensor, length: int) -> tuple:
+    b, h, _, d = like.shape
+    return (2, b, h, length, d)
+
+
+def _ring_forward(q, k, v, spec: _Spec):
+    ring = _Ring(spec, q.device)
+    r, R = spec.rank, spec.ranks
+    acc = _acc(q.dtype)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
+    qlay = spec.layouts[r]
+    kv = torch.stack([k, v])  # the packed block that travels
+    for t in range(R):
+        src = (r - t) % R
+        works, arriving = [], None
+        if t < R - 1:
+            arriving = kv.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
+            works = ring.post(kv, arriving, _TAG_KV)
+        kb_, vb_ = kv[0], kv[1]
+        for qa, qb, qo in qlay:
+            for ka, kb, ko in spec.layouts[src]:
+                kind, vis = _pair_plan(qa, qb, ka, kb, spec, q.device)
+                if kind == _SKIP:
+                    continue
+                n, m = qb - qa, kb - ka
+                o, o_lse = _pair_forward(q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
+                                         kind, vis, spec.scale, spec.kernel)
+                _merge(out.narrow(2, qo, n), lse.narrow(2, qo, n), o, o_lse)
+        ring.wait(works)
+        if arriving is not None:
+            kv = arriving
+    return out.to(q.dtype), lse
+
+
+def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
+    ring = _Ring(spec, q.device)
+    r, R = spec.rank, spec.ranks
+    acc = _acc(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse_bw = lse.masked_fill(lse == float("-inf"), float("inf"))  # a row that saw nothing: P = 0
+    delta = None if spec.kernel else (dout.to(acc) * out.to(acc)).sum(-1)
+    dout = dout.contiguous()
+    qlay = spec.layouts[r]
+    kv = torch.stack([k, v])
+    incoming, in_flight = None, None
+    acc_works: list = []
+    for t in range(R):
+        src = (r - t) % R
+        kv_works, arriving = [], None
+        if t < R - 1:
+            arriving = kv.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
+            kv_works = ring.post(kv, arriving, _TAG_BWD_KV)
+        part = torch.zeros(_block_shape(k, spec.lengths[src]), dtype=acc, device=q.device)
+        kb_, vb_ = kv[0], kv[1]
+        for qa, qb, qo in qlay:
+            for ka, kb, ko in spec.layouts[src]:
+                kind, vis = _pair_plan(qa, qb, ka, kb, spec, q.device)
+                if kind == _SKIP:
+                    continue
+                n, m = qb - qa, kb - ka
+                g_q, g_k, g_v = _pair_backward(
+                    dout.narrow(2, qo, n), q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
+                    out.narrow(2, qo, n), lse_bw.narrow(2, qo, n).contiguous(),
+                    None if delta is None else delta.narrow(2, qo, n), kind, vis, spec.scale, spec.kernel)
+                dq.narrow(2, qo, n).add_(g_q)
+                part[0].narrow(2, ko, m).add_(g_k)
+                part[1].narrow(2, ko, m).add_(g_v)
+        if t > 0:  # the accumulator of this block, from the ranks before: received while computing
+            ring.wait(acc_works)  # also the send of the previous block's accumulator
+            in_flight = None
+            part.add_(incoming)
+        if R > 1:  # pass the block's dK/dV on (the R-th hop brings each rank its own)
+            incoming = part.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
+            acc_works = ring.post(part, incoming, _TAG_DKV)
+            in_flight = part  # kept alive until its send completes
+        ring.wait(kv_works)
+        if arriving is not None:
+            kv = arriving
+    if R > 1:
+        ring.wait(acc_works)
+        part = incoming  # after the R-th hop: this rank's own block, complete
+    del in_flight
+    return dq.to(q.dtype), part[0].to(k.dtype), part[1].to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, spec):
+        out, lse = _ring_forward(q, k, v, spec)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, ctx.spec)
+        return dq, dk, dv, None
+
+
+# ----------------------------------------------------------------------------- entry
+def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, scale: float | None = None,
+                   doc_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    """Exact attention of this rank's queries over the whole ring's keys (see the module doc).
+
+    ``query`` is ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hkv, L, D]`` with ``Hq % Hkv ==
+    0`` (query head h reads KV head ``h // (Hq // Hkv)``, as SDPA's ``enable_gqa``), where
+    L is the total length of ``pieces[rank]``. ``pieces[s]`` lists ring rank s's ``(start,
+    end)`` position ranges in local order; all ranks' ranges partition ``[0, S)``.
+    ``group`` is a group name (:func:`autosp.runtime.collectives.register_group`).
+    ``doc_ids`` is the full ``[B, S]`` or ``[1, S]`` integer tensor (replicated, not
+    sharded): keys of another document are invisible. ``window`` (with ``is_causal``) keeps
+    the keys ``i - window < j <= i``. ``scale`` defaults to ``1 / sqrt(D)``.
+
+    Returns ``[B, Hq, L, D]`` in ``query``'s dtype: rows of
+    ``F.scaled_dot_product_attention(q_full, k_full, v_full, attn_mask=mask)`` at this
+    rank's positions; differentiable in query, key and value (ring backward).
+    Every rank of the group must call it with the same ``pieces``.
+    """
+    ranks, rank = collectives.group_size(group), collectives.group_rank(group)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"ring_attention: {name} must be [B, H, L, D], got {shape}")
+    if key.shape != value.shape:
+        raise ValueError(f"ring_attention: key {tuple(key.shape)} and value {tuple(value.shape)} must have "
+                         "the same shape [B, Hkv, L, D]")
+    b, hq, length, d = query.shape
+    if key.shape[0] != b or key.shape[2] != length or key.shape[3] != d:
+        raise ValueError(f"ring_attention: key {tuple(key.shape)} does not match query {tuple(query.shape)} "
+                         "in B, L or D")
+    hkv = key.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"ring_attention: query heads ({hq}) must be a multiple of key/value heads ({hkv}); "
+                         f"query {tuple(query.shape)}, key {tuple(key.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(f"ring_attention: query, key, value dtypes differ ({query.dtype}, {key.dtype}, "
+                         f"{value.dtype})")
+    norm, seq_len = _check_pieces(pieces, ranks)
+    lengths = [sum(e - s for s, e in rs) for rs in norm]
+    if lengths[rank] != length:
+        raise ValueError(f"ring_attention: pieces[{rank}] = {norm[rank]} cover {lengths[rank]} positions but "
+                         f"query {tuple(query.shape)} holds L = {length} on ring rank {rank}")
+    if window is not None:
+        if not is_causal:
+            raise ValueError("ring_attention: window requires is_causal=True")
+        if int(window) < 1:
+            raise ValueError(f"ring_attention: window must be >= 1, got {window}")
+        window = int(window)
+    if doc_ids is not None:
+        if (not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.shape[0] not in (1, b)
+                or doc_ids.shape[1] != seq_len):
+            shape = tuple(doc_ids.shape) if isinstance(doc_ids, torch.Tensor) else type(doc_ids).__name__
+            raise ValueError(f"ring_attention: doc_ids must be the full [B, S] or [1, S] tensor "
+                             f"(B = {b}, S = {seq_len}), got {shape}")
+        if doc_ids.is_floating_point():
+            raise ValueError(f"ring_attention: doc_ids must be integers, got {doc_ids.dtype}")
+        if doc_ids.device != query.device:
+            doc_ids = doc_ids.to(query.device)
+    spec = _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
+                 causal=bool(is_causal), window=window, docs=doc_ids,
+                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
+                 simulated=bool(collectives._SIMULATED), kernel=_use_kernel(query))
+    return _RingAttention.apply(query, key, value, spec)
