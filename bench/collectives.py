@@ -2,6 +2,7 @@
 
     python bench/collectives.py [--seq 1024] [--world 2] [--bucket-mb 25]
     python bench/collectives.py --fsdp [--world 2]     # FSDP2-sharded model state
+    python bench/collectives.py --strategies [--world 4]   # Ulysses, hybrid and ring meshes
 
 Every collective a rank issues during one training step (forward, backward and the
 gradient all-reduce) is seen by a dispatch mode: PyTorch's c10d and functional
@@ -24,6 +25,14 @@ all-reduce of gradients (there must be none: the SP sum folds into the reduce-sc
 Analytical volume per block and rank (ring algorithms): an all-gather and a reduce-scatter
 each send (P-1)/P of the block's parameters (rows padded to a multiple of P), so a step
 sends 3 x (P-1)/P x the block's bytes.
+
+With ``--strategies`` each model runs under every mesh of P ranks its heads allow
+(``sp_strategy`` ulysses, hybrid with each Ulysses degree, ring), and the table counts
+per attention layer the all-to-alls and the ring's sends (forward + backward, counted
+by :mod:`autosp.runtime.ring`) and the bytes a rank sends, against the analytical volume
+of :func:`autosp.strategy.price` (the model ``autosp.compile`` chooses with): Ulysses
+2 x (U-1)/U of q, k, v, o at the rank's frame; ring (R-1) K/V hops forward, (R-1) K/V
+and R dK/dV hops backward.
 """
 from __future__ import annotations
 
@@ -179,6 +188,61 @@ def fsdp_table(world: int, seq: int) -> list[str]:
     return rows
 
 
+STRATEGY_MODELS = {  # name -> LlamaConfig kwargs
+    "Llama-like, 8 heads / 4 KV (GQA)": dict(vocab=1024, hidden=256, layers=4, heads=8, kv_heads=4, ffn=768),
+    "2 heads / 1 KV (MQA)": dict(vocab=1024, hidden=128, layers=4, heads=2, kv_heads=1, ffn=384),
+}
+
+
+def _strategy_body(rank, world, queue, cfg, seq, options):
+    import autosp
+    from autosp.runtime import ring
+    from autosp.testing.models import LlamaConfig, LlamaLike
+    torch.manual_seed(0)
+    model = LlamaLike(LlamaConfig(**cfg))
+    ids = torch.randint(0, cfg["vocab"], (1, seq))
+    compiled = autosp.compile(model, **options)
+    compiled(ids, labels=ids)["loss"].backward()  # compile outside the count
+    compiled.grad_sync.enabled = False
+    counts = []
+    for phase in ("forward", "backward"):
+        counter = CollectiveCounter(rank, world)
+        ring.reset_stats()
+        with counter:
+            if phase == "forward":
+                loss = compiled(ids, labels=ids)["loss"]
+            else:
+                loss.backward()
+        counts.append((counter.calls.get("all_to_all", 0), counter.sent.get("all_to_all", 0), ring.STATS["sends"],
+                       ring.STATS["bytes"]))
+    queue.put((rank, (compiled.layout.ulysses, compiled.layout.ring, counts)))
+
+
+def strategy_table(world: int, seq: int) -> list[str]:
+    """Rows: per mesh, collectives per layer and bytes per layer and rank against the model."""
+    from autosp.strategy import price, ulysses_feasible
+    rows = ["| model | mesh (U x R) | all-to-all / layer fwd + bwd | ring sends / layer fwd + bwd | "
+            "MiB sent / layer / rank | analytical MiB | ratio |", "|---|---|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    for name, cfg in STRATEGY_MODELS.items():
+        heads, kv = cfg["heads"], cfg.get("kv_heads") or cfg["heads"]
+        for u in [d for d in range(world, 0, -1) if world % d == 0]:
+            if u > 1 and ulysses_feasible(heads, kv, u):
+                continue
+            r = world // u
+            options = dict(sp_strategy="ulysses" if r == 1 else "ring" if u == 1 else "hybrid", ulysses_degree=u)
+            res = run_ranks(_strategy_body, world, args=(cfg, seq, options), timeout=600)
+            sent = max(sum(c[1] + c[3] for c in counts) for _, _, counts in res.values())
+            (fa, _, fs, _), (ba, _, bs, _) = res[0][2]
+            layers = cfg["layers"]
+            model = price(heads, kv, u, r, ranks_per_node=world, seq_len=seq, head_dim=cfg["hidden"] // heads,
+                          elem_bytes=4)
+            rows.append(f"| {name} | {u} x {r} | {fa / layers:g} + {ba / layers:g} | {fs / layers:g} + {bs / layers:g} | "
+                        f"{sent / layers / 2**20:.3f} | {model.bytes / 2**20:.3f} | {sent / layers / model.bytes:.2f} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def analytical_bytes_per_layer(cfg: dict, seq: int, world: int, elem: int = 4) -> float:
     """Ulysses minimum, bytes a rank sends per attention layer (forward + backward)."""
     head_dim = cfg["hidden"] // cfg["heads"]
@@ -193,8 +257,15 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size (MiB)")
     parser.add_argument("--fsdp", action="store_true", help="count FSDP2's parameter collectives instead")
+    parser.add_argument("--strategies", action="store_true", help="Ulysses, hybrid and ring meshes (P=--world)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.strategies:
+        rows = strategy_table(args.world, args.seq)
+        if not args.no_write:
+            append_section("Collectives and bytes per mesh", f"S={args.seq}, fp32, P={args.world}, batch 1",
+                           "\n".join(rows))
+        return
     if args.fsdp:
         rows = fsdp_table(args.world, args.seq)
         if not args.no_write:

@@ -13,6 +13,8 @@ whole world. Every rank passes the same full batch ``ids`` ([1, S], int64) and `
 * :func:`run_ulysses_deepspeed`: hand-written Ulysses, attention wrapped in DeepSpeed's
   ``DistributedAttention`` (registered as an HF attention function).
 * :func:`run_ulysses_yunchang`: the same with yunchang's ``SeqAllToAll4D`` around SDPA.
+* :func:`run_ring_handwritten`: a hand-written zigzag ring (the project's own, see its
+  docstring: the public ring implementations need CUDA), applied by hand.
 * :func:`run_deepspeed_autosp`: DeepSpeed AutoSP's compiler pass without its engine
   (``apply_autosp`` inside a ``torch.compile`` backend), with or without its SAC.
 
@@ -285,6 +287,166 @@ def run_ulysses_yunchang(model, ids, labels, steps: int, warmup: int, return_gra
 
     return _run_ulysses(model, ids, labels, steps, warmup, "Ulysses, yunchang SeqAllToAll4D",
                         "ulysses_yc", ulysses_yc, return_grads)
+
+
+# --------------------------------------------------------------------------- hand-written ring
+
+class _HandZigzagRing(torch.autograd.Function):
+    """Hand-written zigzag ring attention (the project's own baseline, written for these
+    benchmarks apart from autosp's runtime, in the manner of ring-flash-attention's
+    ``zigzag_ring_flash_attn``, which needs CUDA). Rank r holds sequence chunks r and
+    2P-1-r of 2P equal chunks, concatenated; K/V travel the ring, one packed send per hop.
+
+    Per step with the K/V of rank s: s == r: causal over the local rows (they are in
+    position order); s < r: every local query sees the first half of the block (chunk s)
+    and none of its second; s > r: the second half of the queries (chunk 2P-1-r) sees the
+    whole block, the first half nothing. Each part is one fused CPU flash-attention call
+    returning its log-sum-exp; parts are merged in fp32. Backward: K/V go round again and
+    each block's dK/dV travel with it, home after P hops."""
+
+    @staticmethod
+    def _parts(r, s, n):
+        """(query slice, key slice, causal) of the step with rank s's block; n = chunk length."""
+        if s == r:
+            return slice(0, 2 * n), slice(0, 2 * n), True
+        if s < r:
+            return slice(0, 2 * n), slice(0, n), False
+        return slice(n, 2 * n), slice(0, 2 * n), False
+
+    @staticmethod
+    def _exchange(send, recv):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+        return dist.batch_isend_irecv(ops)
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        n = q.shape[2] // 2
+        out = torch.zeros(q.shape, dtype=torch.float32)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32)
+        kv = torch.stack([k, v])
+        for step in range(world):
+            src = (rank - step) % world
+            works, nxt = [], None
+            if step < world - 1:
+                nxt = torch.empty_like(kv)
+                works = _HandZigzagRing._exchange(kv, nxt)
+            qs, ks, causal = _HandZigzagRing._parts(rank, src, n)
+            o, o_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], 0.0, causal, scale=scale)[:2]
+            old = lse[:, :, qs]
+            new = torch.logaddexp(old, o_lse)
+            out[:, :, qs] = out[:, :, qs] * torch.exp(old - new)[..., None] + o * torch.exp(o_lse - new)[..., None]
+            lse[:, :, qs] = new
+            for w in works:
+                w.wait()
+            if nxt is not None:
+                kv = nxt
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        world, rank = dist.get_world_size(), dist.get_rank()
+        n = q.shape[2] // 2
+        dout = dout.contiguous()
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        kv = torch.stack([k, v])
+        dkv_in, dkv_works = None, []
+        for step in range(world):
+            src = (rank - step) % world
+            works, nxt = [], None
+            if step < world - 1:
+                nxt = torch.empty_like(kv)
+                works = _HandZigzagRing._exchange(kv, nxt)
+            qs, ks, causal = _HandZigzagRing._parts(rank, src, n)
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout[:, :, qs], q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], out[:, :, qs],
+                lse[:, :, qs].contiguous(), 0.0, causal, scale=ctx.scale)
+            dq[:, :, qs] += gq
+            dkv = torch.zeros(kv.shape, dtype=torch.float32)
+            dkv[0][:, :, ks] += gk
+            dkv[1][:, :, ks] += gv
+            if step > 0:
+                for w in dkv_works:
+                    w.wait()
+                dkv += dkv_in
+            dkv_in = torch.empty_like(dkv)
+            dkv_works = _HandZigzagRing._exchange(dkv, dkv_in)
+            for w in works:
+                w.wait()
+            if nxt is not None:
+                kv = nxt
+        for w in dkv_works:
+            w.wait()
+        return dq.to(q.dtype), dkv_in[0].to(k.dtype), dkv_in[1].to(v.dtype), None
+
+
+def _zigzag_shard(ids, labels):
+    """This rank's zigzag rows (chunks r and 2P-1-r of 2P): ids, positions, shifted labels."""
+    P, r = dist.get_world_size(), dist.get_rank()
+    B, S = ids.shape
+    if S % (2 * P):
+        raise ValueError(f"the hand-written zigzag ring needs S ({S}) divisible by 2 x ranks ({2 * P})")
+    n = S // (2 * P)
+    rows = torch.cat([torch.arange(r * n, (r + 1) * n), torch.arange((2 * P - 1 - r) * n, (2 * P - r) * n)])
+    shifted = torch.cat([labels[:, 1:], torch.full((B, 1), IGNORE, dtype=labels.dtype)], dim=1)
+    n_tokens = int((shifted != IGNORE).sum())
+    return (ids[:, rows].contiguous(), rows[None].expand(B, -1).contiguous(), shifted[:, rows].contiguous(),
+            n_tokens)
+
+
+def run_ring_handwritten(model, ids, labels, steps: int, warmup: int, return_grads: bool = False) -> dict:
+    """The project's own hand-written zigzag ring (:class:`_HandZigzagRing`), applied by
+    hand to the HF model: each rank runs its zigzag rows with explicit ``position_ids``,
+    attention is an HF attention function ("ring_hand"), the loss and gradient sums are
+    those of :func:`run_ulysses_deepspeed`. Labelled as the project's own: neither
+    ring-flash-attention nor yunchang's ring runs without CUDA (flash_attn), and PyTorch's
+    context parallel has no sharding rule for the CPU flash kernel."""
+    from transformers import AttentionInterface
+
+    def ring_hand(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if attention_mask is not None:
+            raise ValueError("the hand-written ring supports causal attention without a mask only")
+        out = _HandZigzagRing.apply(query, key, value, scaling)
+        return out.transpose(1, 2), None
+
+    AttentionInterface.register("ring_hand", ring_hand)
+    ids_loc, pos_loc, labels_loc, n_tokens = _zigzag_shard(ids, labels)
+    previous = model.config._attn_implementation
+    try:
+        model.set_attn_implementation("ring_hand")
+    except Exception:
+        model.config._attn_implementation = "ring_hand"
+    try:
+        def forward():
+            logits = model(input_ids=ids_loc, position_ids=pos_loc).logits
+            local_sum = F.cross_entropy(logits.float().flatten(0, 1), labels_loc.flatten(),
+                                        ignore_index=IGNORE, reduction="sum")
+            return local_sum / n_tokens
+
+        def sync():
+            _allreduce_grads(model, average=False)
+
+        def step():
+            _zero_grads(model)
+            forward().backward()
+            sync()
+
+        first, step_s = _time_steps(step, steps, warmup)
+        report, loss = _measure(model, forward, sync)
+        dist.all_reduce(loss)
+        return _result("ring, hand-written zigzag (the project's own)", first, step_s, report, loss, model,
+                       return_grads)
+    finally:
+        try:
+            model.set_attn_implementation(previous)
+        except Exception:
+            model.config._attn_implementation = previous
 
 
 # --------------------------------------------------------------------------- DeepSpeed AutoSP

@@ -1,4 +1,4 @@
-"""``autosp-partition-attention``: Ulysses all-to-alls around every attention op.
+"""``autosp-partition-attention``: split every attention op over the ranks (Ulysses, ring, or both).
 
 For each ``torch.aten.scaled_dot_product_attention`` on ``[B, H, S, D]`` operands, q, k
 and v go through ``autosp.all_to_all`` (split heads, concatenate the sequence), attention
@@ -14,6 +14,17 @@ k and v then cost KV/H of the bytes (the Ulysses volume for GQA). (``autosp-fuse
 run before this pass in the pipeline, removes such repeats where SDPA can read the shared
 heads itself: then the KV heads simply travel as they are.) Query heads that do not divide by P, or KV heads
 that neither divide nor are divided by P, are diagnosed at the attention op.
+
+**Ring and hybrid meshes** (``strategy=ring|hybrid|auto``, ``ulysses-degree``,
+``ring-degree``): the ranks form ``ring`` groups of ``ulysses`` ranks. The all-to-alls
+run on the ``<group>:ulysses`` sub-group and attention becomes ``autosp.ring_attention``
+on ``<group>:ring`` (q, k, v sequence-sharded, K/V blocks travelling the ring inside the
+op). ``auto`` prices every mesh the heads allow with :func:`autosp.strategy.choose`
+(``ranks-per-node``, ``seq-len``); the module gets ``autosp.sp_layout`` (the layout the
+runtime shards the sequence in: zigzag whenever ring > 1) and ``autosp.sp_choice`` (why).
+Ring attention takes SDPA with no mask, a proven sliding window or proven documents; other
+masks and hand-written attention keep ``auto`` on Ulysses and make a forced ring an error
+at the op.
 """
 from __future__ import annotations
 
@@ -33,13 +44,15 @@ from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_v
 
 @dataclass(frozen=True)
 class PartitionAttention(ModulePass):
-    """Wrap each attention op in Ulysses all-to-alls: heads split across sp-size ranks.
+    """Split each attention op over sp-size ranks: Ulysses all-to-alls, a ring, or both.
 
     q, k and v ([B, H, S, D], sequence-sharded) become head-sharded over the full
     sequence, attention runs on H/P heads, and the output returns to sequence-sharded:
     4 ``autosp.all_to_all`` per layer. With GQA, KV heads fewer than P are repeated to P.
     Query heads not divisible by P are diagnosed at the attention op. (This pass only
     partitions attention; sharding the rest of the graph is the layout passes' job.)
+    With ``strategy=ring`` (or ``hybrid``/``auto`` choosing a ring), attention becomes
+    ``autosp.ring_attention`` on the ``:ring`` sub-group; see the module docstring.
 
     Input::
 
@@ -55,6 +68,10 @@ class PartitionAttention(ModulePass):
         %o2 = torch.aten.scaled_dot_product_attention %q2, %k2, %v2, ... -> !torch.vtensor<[2,2,?,8],f32>
         %o = "autosp.all_to_all"(%o2) {concat_dim = 1 : i64, group = "sp", split_dim = 2 : i64}
             : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+
+        // sp-size=4 strategy=ring (module: autosp.sp_layout = "ulysses=1 ring=4 zigzag")
+        %o = "autosp.ring_attention"(%q, %k, %v, %S) {group = "sp:ring", is_causal = 1 : i64,
+                 scale = 0.000000e+00 : f64, window = 0 : i64} : (...) -> !torch.vtensor<[2,4,?,8],f32>
     """
 
     name: ClassVar[str] = "autosp-partition-attention"

@@ -1,0 +1,76 @@
+"""The mesh choice (autosp.strategy) and the sequence layouts it implies (SeqLayout)."""
+import pytest
+import torch
+
+from autosp.runtime.collectives import SeqLayout
+from autosp.strategy import StrategyError, choose, price
+
+
+@pytest.mark.parametrize("layout", [SeqLayout(4), SeqLayout(1, 4), SeqLayout(1, 2, True), SeqLayout(2, 2, True),
+                                    SeqLayout(1, 4, True), SeqLayout(2, 4, True), SeqLayout(4, 2, True)])
+@pytest.mark.parametrize("seq", [64, 61, 13, 9])
+def test_layout_pieces_partition_the_sequence_in_a_known_order(layout, seq):
+    held = [layout.pieces(seq, g) for g in range(layout.size)]
+    covered = sorted(p for pieces in held for p in pieces if p[0] < p[1])
+    assert [a for a, _ in covered] == [0] + [b for _, b in covered][:-1] and covered[-1][1] == seq, held
+    ordered = [held[g][k] for g, k in layout.order()]
+    assert [p for p in ordered if p[0] < p[1]] == covered  # order() lays the pieces out in sequence order
+    lengths = [sum(b - a for a, b in pieces) for pieces in held]
+    assert max(lengths) - min(lengths) <= 2 * layout.ring  # balanced up to rounding
+    for i in range(layout.ring):  # a ring group's ranks together hold its frame
+        frame = layout.ring_pieces(seq, i)
+        mine = sorted(p for g in range(i * layout.ulysses, (i + 1) * layout.ulysses) for p in held[g] if p[0] < p[1])
+        assert sum(b - a for a, b in mine) == sum(b - a for a, b in frame)
+    assert SeqLayout.parse(layout.describe()) == layout
+
+
+def test_zigzag_balances_causal_work():
+    """Rank i of a zigzag ring holds chunks i and 2R-1-i: the causal pairs each rank's
+    queries see are equal; contiguous chunks give the last rank R times the first's."""
+    def causal_pairs(layout, g, seq=64):
+        return sum(sum(range(a + 1, b + 1)) for a, b in layout.pieces(seq, g))
+    zig = [causal_pairs(SeqLayout(1, 4, True), g) for g in range(4)]
+    flat = [causal_pairs(SeqLayout(1, 4), g) for g in range(4)]
+    assert max(zig) / min(zig) < 1.1 and flat[-1] / flat[0] > 5
+
+
+def test_choice_follows_heads_and_topology():
+    two = choose(2, 2, 4, seq_len=4096, head_dim=64)
+    assert two.ring > 1 and "ruled out: 4x1 (2 query heads do not divide by 4)" in two.reason
+    llama8b = dict(seq_len=1 << 20, head_dim=128, ranks_per_node=8)
+    assert (choose(32, 8, 8, **llama8b).ulysses, choose(32, 8, 8, **llama8b).ring) == (8, 1)
+    assert (choose(32, 8, 16, **llama8b).ulysses, choose(32, 8, 16, **llama8b).ring) == (8, 2)  # Ulysses in a node
+    big = choose(32, 8, 64, **llama8b)
+    assert big.ring > 1 and big.ulysses <= 8, big.reason
+    one_node = choose(32, 8, 16, seq_len=1 << 20, head_dim=128, ranks_per_node=16)
+    assert one_node.ring == 1, one_node.reason  # the same P inside one node: no ring needed
+
+
+def test_forced_strategies_and_their_errors():
+    assert (choose(4, 1, 4, strategy="ring").ulysses, choose(4, 1, 4, strategy="ring").ring) == (1, 4)
+    hybrid = choose(4, 2, 4, strategy="hybrid", ulysses=2)
+    assert (hybrid.ulysses, hybrid.ring) == (2, 2) and hybrid.reason.startswith("requested")
+    with pytest.raises(StrategyError, match="2 query heads do not divide by 4"):
+        choose(2, 2, 4, strategy="ulysses")
+    with pytest.raises(StrategyError, match="ulysses degree 3 does not divide sp_size 4"):
+        choose(4, 4, 4, ulysses=3)
+    with pytest.raises(StrategyError, match="sp_strategy must be one of"):
+        choose(4, 4, 4, strategy="zigzag")
+
+
+def test_price_is_the_documented_volume():
+    # Ulysses 4 x 1, 8 heads / 2 KV, S = 1024, d = 16, fp32: 2 * 3/4 * 256 tokens * 16 * 4 B * (16 + 4)
+    u = price(8, 2, 4, 1, ranks_per_node=4, seq_len=1024, head_dim=16, elem_bytes=4)
+    assert u.ulysses_bytes == 2 * 3 / 4 * 256 * 16 * 4 * (16 + 2 * 4) and u.kv_repeat == 2 and u.ring_bytes == 0
+    # Ring 1 x 4: (3R - 2) = 10 hops of K and V at 2 KV heads.
+    r = price(8, 2, 1, 4, ranks_per_node=4, seq_len=1024, head_dim=16, elem_bytes=4)
+    assert r.ring_bytes == 10 * 2 * 256 * 2 * 16 * 4 and r.ulysses_bytes == 0
+
+
+def test_compile_rejects_unknown_strategies():
+    import autosp
+    from autosp.ir.diagnostics import AutospError
+    with pytest.raises(AutospError, match="sp_strategy must be one of"):
+        autosp.compile(torch.nn.Linear(2, 2), sp_strategy="zigzag")
+    with pytest.raises(AutospError, match="ring_degree must be a positive int"):
+        autosp.compile(torch.nn.Linear(2, 2), ring_degree=0)
