@@ -45,6 +45,30 @@ func.func @two_layers(%arg0: !torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2
 
 // -----
 
+// Ring attention (autosp.ring_attention, which runs its own sends) starts a layer like
+// SDPA and is kept in sac; sac-min keeps it too (a replay cannot stand in for a ring);
+// full recomputes it with its region.
+// CHECK-LABEL: func.func @ring
+// CHECK:      torch.aten.neg %arg0 {autosp.region = 0 : i64, autosp.segment = 0
+// CHECK:      "autosp.ring_attention"{{.*}} {autosp.region = 0 : i64, autosp.save
+// CHECK:      "autosp.ring_attention"{{.*}} {autosp.region = 1 : i64, autosp.save
+// MIN-LABEL: func.func @ring
+// MIN:        "autosp.ring_attention"{{.*}} {autosp.region = 0 : i64, autosp.save
+// MIN:        "autosp.ring_attention"{{.*}} {autosp.region = 1 : i64, autosp.save
+// FULL-LABEL: func.func @ring
+// FULL:       "autosp.ring_attention"{{.*}} {autosp.region = 0 : i64, autosp.segment = 0
+// FULL:       "autosp.ring_attention"{{.*}} {autosp.region = 1 : i64, autosp.segment = 1
+func.func @ring(%x: !torch.vtensor<[2,4,?,8],f32>, %s: !torch.int) -> !torch.vtensor<[2,4,?,8],f32> {
+  %q = torch.aten.neg %x : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  %a = "autosp.ring_attention"(%q, %q, %q, %s) {group = "sp:ring", is_causal = 1 : i64, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+  %h = torch.aten.neg %a : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  %b = "autosp.ring_attention"(%h, %h, %h, %s) {group = "sp:ring", is_causal = 1 : i64, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+  %r = torch.aten.neg %b : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  return %r : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
 // Hand-written attention: every op on an [.., S, S] tensor (scores, softmax, the
 // product with v) is attention and kept in sac mode.
 // MIN-LABEL: func.func @manual

@@ -26,6 +26,8 @@ backward and recomputes the rest. ``sac-min`` is ``full`` with SDPA marked
 ``autosp.replay``: the backend keeps the fused attention kernel's output and log-sum-exp
 and replays them in the recomputation instead of running attention again, so a layer
 keeps its input and attention's output only, and backward repeats the all-to-alls.
+``autosp.ring_attention`` is an attention op (it starts a layer) and an anchor; in
+``sac-min`` it is kept (``autosp.save``) rather than replayed.
 
 Example::
 
@@ -42,7 +44,7 @@ from torch_mlir import ir
 from autosp.ir.builders import i64, vtensor_shape
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP
+from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, RING_ATTENTION, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
@@ -109,8 +111,8 @@ def _dynamic_dims(value: ir.Value) -> int:
 
 
 def is_attention_op(op) -> bool:
-    """SDPA, or an op touching an O(S^2) tensor (two or more dynamic dimensions)."""
-    if op_name(op) == SDPA_OP:
+    """SDPA, ring attention, or an op touching an O(S^2) tensor (two or more dynamic dimensions)."""
+    if op_name(op) in (SDPA_OP, RING_ATTENTION):
         return True
     return any(_dynamic_dims(v) >= 2 for v in list(op.operands) + list(op.results))
 
@@ -205,7 +207,9 @@ def plan_checkpoints(module, mode: str = "sac", layers: list[str] | None = None)
         return choices[region_of[i]].removesuffix("+offload")
 
     for i, op in enumerate(ops):
-        anchor = mode_of(i) == "sac" and is_anchor(op)
+        # sac-min keeps ring attention as sac does: its fused kernels run inside the ring,
+        # which a replay cannot stand in for, and recomputing it would run the ring again.
+        anchor = (mode_of(i) == "sac" and is_anchor(op)) or (mode_of(i) == "sac-min" and op_name(op) == RING_ATTENTION)
         lvl = 0
         for v in op.operands:
             if v in level and level[v][0] == region_of[i]:

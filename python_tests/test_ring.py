@@ -4,10 +4,11 @@ steps), S divisible by the mesh and not, with the strategy chosen automatically 
 
 Configurations (issue 13's acceptance): a 2-head model at P = 4 (Ulysses alone cannot
 split it), MQA with one KV head at P = 4 as a pure ring (no KV head repeated), GQA at
-P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; and packed documents (a
+P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; packed documents (a
 hand-written model's mask and Hugging Face Llama's from ``position_ids``) under ring and
-hybrid. Negative controls: a ring rank that attends with the wrong rank's positions, and a
-ring that skips its last hop, both break parity.
+hybrid; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
+masks with the wrong rank's positions, and attention without the ring's sends, both
+break parity.
 """
 import copy
 
@@ -23,13 +24,14 @@ VOCAB = 64
 CONFIGS = {
     4: [("two_heads", dict(heads=2, kv_heads=2), {}, (32, 29)),
         ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring"), (32, 30)),
-        ("gqa_hybrid", dict(heads=4, kv_heads=2), dict(sp_strategy="hybrid", ulysses_degree=2), (32, 31)),
+        ("gqa_hybrid", dict(heads=4, kv_heads=2), dict(sp_strategy="hybrid", ulysses_degree=2, checkpointing="sac"),
+         (32, 31)),
         ("docs_two_heads", dict(heads=2, kv_heads=2), {}, (32, 27)),
         ("docs_gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 29)),
         ("hf_llama_packed", dict(heads=2, kv_heads=1), {}, (32, 30))],
     2: [("two_heads_ring", dict(heads=2, kv_heads=2), dict(sp_strategy="ring"), (16, 15)),
-        ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring"), (16, 13)),
-        ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (16, 14))],
+        ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring", checkpointing="sac-min"), (16, 13)),
+        ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14))],
 }
 
 
@@ -135,7 +137,7 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
                 assert "ring=" in r["layout"] and "ring=1 " not in r["layout"] + " ", where
             if "ring" in name:
                 assert r["layout"].startswith(f"ulysses=1 ring={world}"), where
-            if name == "gqa_hybrid":
+            if name in ("gqa_hybrid", "docs_two_heads"):  # (docs_two_heads: what auto picks, documents on a hybrid)
                 assert r["layout"] == "ulysses=2 ring=2 zigzag", where
             if name.startswith("mqa"):  # the one KV head travels as it is: never repeated
                 assert r["repeats"] == 0 and all(t.startswith("!torch.vtensor<[2,1,") for t in r["ring_kv_types"]), where

@@ -86,6 +86,7 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS["autosp.vocab_logprob"] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
+@torch.compiler.disable  # point-to-point sends in a Python loop: run eagerly under backend=
 def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: int, scale: float, group: str):
     """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
     ranks' pieces of the sequence read from the group's layout (each ring rank attends
