@@ -383,8 +383,12 @@ class AutospModule(torch.nn.Module):
                         ("ranks_per_node", ranks_per_node)):
             if d is not None and (not isinstance(d, int) or d < 1):
                 raise AutospError(f"{what} must be a positive int, got {d!r}")
+        if memory_budget is not None and (sp_strategy in ("ring", "hybrid") or (ring_degree or 1) > 1):
+            raise AutospError("memory_budget plans Ulysses meshes only (the memory model does not simulate ring "
+                              f"attention yet); got sp_strategy={sp_strategy!r}, ring_degree={ring_degree}")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-        self.mesh_request = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
+        self.mesh_request = dict(strategy="ulysses" if memory_budget is not None else sp_strategy,
+                                 ulysses_degree=ulysses_degree, ring_degree=ring_degree,
                                  ranks_per_node=ranks_per_node or local or None)
         self.layout: collectives.SeqLayout | None = None  # the compiled layout (see gather_sequence)
         self._mesh_groups: dict = {}

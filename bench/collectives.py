@@ -56,6 +56,20 @@ MODELS = {  # name -> LlamaConfig kwargs (PEERS.md's model, and the same with GQ
 }
 
 
+def _rank_in(pg, rank: int, world: int) -> tuple[int, int]:
+    """This rank's index and the size of the group a collective op ran on (a ProcessGroup
+    or a functional collective's group name); the world's when it cannot be told."""
+    try:
+        if isinstance(pg, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            pg = _resolve_process_group(pg)
+        elif isinstance(pg, torch.ScriptObject):
+            pg = torch._C._distributed_c10d.ProcessGroup.unbox(pg)
+        return pg.rank(), pg.size()
+    except Exception:  # noqa: BLE001 - an unknown handle: count as the whole world
+        return rank, world
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Counts collective ops and the bytes this rank sends to others."""
 
@@ -77,12 +91,13 @@ class CollectiveCounter(TorchDispatchMode):
             kind = name.rstrip("_")
             if "all_to_all" in kind or "alltoall" in kind:
                 if ns == "c10d":  # alltoall_base_(output, input, pg, output_splits, input_splits, ...)
-                    flat, splits = args[1], (args[4] or None)
+                    flat, splits, pg = args[1], (args[4] or None), args[2]
                 else:  # all_to_all_single(input, output_splits, input_splits, group)
-                    flat, splits = args[0], (args[2] or None)
+                    flat, splits, pg = args[0], (args[2] or None), args[3]
+                me, size = _rank_in(pg, self.rank, self.world)  # (a sub-group's, for hybrid meshes)
                 nbytes = flat.numel() * flat.element_size()
-                own = (splits[self.rank] * flat[0].numel() * flat.element_size() if splits and flat.dim() > 1
-                       else splits[self.rank] * flat.element_size() if splits else nbytes // self.world)
+                own = (splits[me] * flat[0].numel() * flat.element_size() if splits and flat.dim() > 1
+                       else splits[me] * flat.element_size() if splits else nbytes // size)
                 nbytes -= own
                 kind = "all_to_all"
             elif "reduce" in kind and "scatter" not in kind:

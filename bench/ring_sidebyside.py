@@ -15,7 +15,8 @@ per rank, one system after the other in one process group:
 Per system: step time (forward, backward and gradient all-reduce: the median of
 ``--steps`` after ``--warmup``), the attention traffic one rank sends per step (the
 all-to-alls seen by :class:`collectives.CollectiveCounter`, the ring's sends counted by
-the ring itself), and the loss against single device. Ratios come from this one run.
+the ring itself), and the loss and gradients against single device. Ratios come from
+this one run.
 Appends the table to bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ def _autosp(model, ids, steps, warmup, strategy):
     first, step_s = peers._time_steps(step, steps, warmup)
     counter = CollectiveCounter(torch.distributed.get_rank(), torch.distributed.get_world_size())
     ring.reset_stats()
+    peers._zero_grads(model)
     compiled.grad_sync.enabled = False  # attention traffic only
     with counter:
         loss = forward()
@@ -74,8 +76,7 @@ def _autosp(model, ids, steps, warmup, strategy):
     compiled.grad_sync.synchronize()
     traffic = counter.sent.get("all_to_all", 0) + ring.STATS["bytes"]
     return dict(name=f"autosp, {strategy} {compiled.layout.ulysses}x{compiled.layout.ring}", step_s=step_s,
-                first_step_s=first, loss=float(loss.detach()), bytes=traffic,
-                a2a=counter.calls.get("all_to_all", 0), sends=ring.STATS["sends"])
+                first_step_s=first, loss=float(loss.detach()), bytes=traffic, grads=peers._grads(model))
 
 
 def _body(rank, world, queue, seq, systems, steps, warmup, seed):
@@ -83,7 +84,7 @@ def _body(rank, world, queue, seq, systems, steps, warmup, seed):
     torch.manual_seed(seed)
     ids = torch.randint(0, MODEL["vocab"], (1, seq))
     results = []
-    single = peers.run_single(peers.build_llama(seed, **MODEL), ids, ids, 1, 0)
+    single = peers.run_single(peers.build_llama(seed, **MODEL), ids, ids, 1, 0, return_grads=True)
     for system in systems:
         model = peers.build_llama(seed, **MODEL)
         if system.startswith("autosp:"):
@@ -91,24 +92,20 @@ def _body(rank, world, queue, seq, systems, steps, warmup, seed):
         elif system == "ring_hand":
             sent, restore = _count_hand_ring()
             try:
-                r = peers.run_ring_handwritten(model, ids, ids, steps, warmup)
-                sent["bytes"] = 0
-                peers._zero_grads(model)
-                ids_loc, pos_loc, labels_loc, n = peers._zigzag_shard(ids, ids)
-                out = model(input_ids=ids_loc, position_ids=pos_loc).logits.sum() * 0
-                out.backward()
-                r["bytes"] = sent["bytes"]
+                r = peers.run_ring_handwritten(model, ids, ids, steps, warmup, return_grads=True)
             finally:
                 restore()
+            runs = 1 + max(warmup - 1, 0) + steps + 1  # _time_steps' calls and _measure's step
+            r["bytes"] = sent["bytes"] / runs
         elif system == "ulysses_yunchang":
             try:
-                r = peers.run_ulysses_yunchang(model, ids, ids, steps, warmup)
+                r = peers.run_ulysses_yunchang(model, ids, ids, steps, warmup, return_grads=True)
             except ImportError:
                 continue
             r["bytes"] = None
         else:
             raise ValueError(system)
-        r.pop("grads", None)
+        r["grad_err"] = peers.grad_rel_error(r.pop("grads"), single["grads"])[1]
         r["system"], r["dloss"] = system, r["loss"] - single["loss"]
         results.append(r)
     queue.put((rank, results))
@@ -128,13 +125,13 @@ def main() -> None:
     for i, r0 in enumerate(res[0]):
         step = max(res[r][i]["step_s"] for r in res)
         sent = [res[r][i].get("bytes") for r in res]
-        rows.append((r0["name"], step, max(sent) if None not in sent else None, r0["dloss"]))
-    hand = next((step for name, step, _, _ in rows if "hand-written zigzag" in name), None)
+        rows.append((r0["name"], step, max(sent) if None not in sent else None, r0["dloss"], r0["grad_err"]))
+    hand = next((row[1] for row in rows if "hand-written zigzag" in row[0]), None)
     lines = ["| system | step s (max over ranks) | / hand-written ring | attention MiB sent / step / rank | "
-             "loss - single |", "|---|---|---|---|---|"]
-    for name, step, sent, dloss in rows:
+             "loss - single | grads vs single (rel. L2) |", "|---|---|---|---|---|---|"]
+    for name, step, sent, dloss, gerr in rows:
         lines.append(f"| {name} | {step:.3f} | {step / hand:.2f} | "
-                     f"{'n/a' if sent is None else f'{sent / 2**20:.2f}'} | {dloss:+.1e} |")
+                     f"{'n/a' if sent is None else f'{sent / 2**20:.2f}'} | {dloss:+.1e} | {gerr:.1e} |")
     print("\n".join(lines))
     if not args.no_write:
         append_section("Ring, hybrid and Ulysses side by side", f"P=4 gloo on CPU, one thread per rank, S={args.seq}, "

@@ -96,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=256, help="sequence length (need not divide by --sp)")
     p.add_argument("--batch", type=int, default=2, help="sequences per data-parallel replica per step")
     p.add_argument("--sp", type=int, help="sequence-parallel size (default: all ranks)")
+    p.add_argument("--sp-strategy", choices=["auto", "ulysses", "ring", "hybrid"], default="auto",
+                   help="how attention is split over the sequence-parallel ranks (default: chosen)")
     p.add_argument("--steps", type=int, default=20, help="total steps (a resumed run continues up to this one)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
@@ -803,7 +805,7 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
     t0 = time.perf_counter()
     budget = dict(memory_budget=args.memory_budget, drop_logits=True, verbose=rank == 0) if args.memory_budget else {}
     sp_model = autosp.compile(model, sp_size=sp, backend="inductor" if args.compile else None,
-                              checkpointing=args.checkpointing, **budget)
+                              checkpointing=args.checkpointing, sp_strategy=args.sp_strategy, **budget)
     opt = torch.optim.AdamW(sp_model.parameters(), lr=args.lr, weight_decay=0.0)
     ref_opts = {k: torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0) for k, m in refs.items()}
     start_step, resumed = 0, ""

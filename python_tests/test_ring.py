@@ -10,7 +10,9 @@ hybrid; checkpointing (sac, sac-min, full) on some. Negative controls: a ring ra
 masks with the wrong rank's positions, and attention without the ring's sends, both
 break parity.
 """
+import contextlib
 import copy
+import io
 
 import pytest
 import torch
@@ -79,12 +81,17 @@ def _run_config(name, model_kwargs, options, seqs, seed):
     model = _model(name, **model_kwargs)
     reference = copy.deepcopy(model)
     compiled = autosp.compile(model, gather_outputs=True, **options)
-    local = autosp.compile(model, **options)  # a second module: local shards
+    local = autosp.compile(model, verbose=True, **options)  # a second module: local shards
     gen = torch.Generator().manual_seed(seed)
     result = {}
     for seq in seqs:
         batch = _batch(name, seq, gen)
         report = parity(reference, compiled, **batch)
+        if "verbose" not in result:  # the first call compiles: rank 0 says which mesh and why
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                local(**batch)
+            result["verbose"] = [line for line in printed.getvalue().splitlines() if "sequence parallelism" in line]
         result[f"S={seq}"] = (report.max_output_error, report.max_grad_error)
         with torch.no_grad():
             expected = _logits(reference(**batch))
@@ -130,6 +137,12 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
             for key, value in r.items():
                 if key.startswith("S="):
                     assert max(value if isinstance(value, tuple) else (value,)) <= TOL, where
+            if rank == 0:
+                (line,) = r["verbose"]
+                assert line.startswith(f"[autosp] sequence parallelism: {r['layout']} ("), where
+                assert ("requested: " if "ring" in name or "hybrid" in name else "chosen: ") in line, where
+            else:
+                assert r["verbose"] == [], where
             for grads, params in r["steps"]:
                 assert grads <= TOL and params <= TOL, where
             assert r["ring_ops"] == 2, where  # both layers' attention runs as a ring
