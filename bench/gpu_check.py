@@ -58,6 +58,39 @@ def parity(device) -> list[str]:
         ok &= good
         lines.append(f"| parity {mode} | loss rel. err {loss_err:.1e} | max grad rel. err {grad_err:.1e} | "
                      f"{'ok' if good else 'FAIL'} |")
+    ring_lines, ring_ok = ring_kernel_parity(device)
+    return lines + ring_lines, ok and ring_ok
+
+
+def ring_kernel_parity(device) -> tuple[list[str], bool]:
+    """The ring attention kernel's device path (one ring rank: no sends) against SDPA with
+    the dense mask: zigzag pieces, GQA, causal / window / documents, forward and backward."""
+    import torch.nn.functional as F
+    from autosp.runtime import ring
+    torch.manual_seed(0)
+    b, hq, hkv, s, d = 2, 4, 2, 96, 32
+    pieces = [[(0, 24), (72, 96), (24, 72)]]  # one rank holding every position, out of order
+    rows = torch.cat([torch.arange(a, z) for a, z in pieces[0]]).to(device)
+    lines, ok = [], True
+    docs = (torch.arange(s, device=device) >= 40).long()[None] + (torch.arange(s, device=device) >= 70).long()[None]
+    for name, kw in (("causal", {}), ("window 16", dict(window=16)), ("documents", dict(doc_ids=docs))):
+        q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for h in (hq, hkv, hkv))
+        i, j = torch.arange(s, device=device)[:, None], torch.arange(s, device=device)[None]
+        mask = (j <= i) & ((i - j < kw["window"]) if "window" in kw else True) & \
+            ((docs[0][:, None] == docs[0][None]) if "doc_ids" in kw else True)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[:, :, rows]
+        w = torch.randn_like(ref)
+        (ref * w).sum().backward()
+        ref_grads = [x.grad[:, :, rows].clone() for x in (q, k, v)]
+        ql, kl, vl = (x.detach()[:, :, rows].clone().requires_grad_() for x in (q, k, v))
+        out = ring.ring_attention(ql, kl, vl, pieces=pieces, group="gpu_check", is_causal=True, **kw)
+        (out * w).sum().backward()
+        err = max([float((out - ref).detach().abs().max())] + [float((x.grad - g).abs().max())
+                                                       for x, g in zip((ql, kl, vl), ref_grads)])
+        good = err <= 1e-4
+        ok &= good
+        lines.append(f"| ring kernel {name} | max abs err {err:.1e} (out, dq, dk, dv) | {device.type} path | "
+                     f"{'ok' if good else 'FAIL'} |")
     return lines, ok
 
 

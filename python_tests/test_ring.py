@@ -6,7 +6,7 @@ Configurations (issue 13's acceptance): a 2-head model at P = 4 (Ulysses alone c
 split it), MQA with one KV head at P = 4 as a pure ring (no KV head repeated), GQA at
 P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; packed documents (a
 hand-written model's mask and Hugging Face Llama's from ``position_ids``) under ring and
-hybrid; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
+hybrid; Mistral's sliding window under a ring; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
 masks with the wrong rank's positions, and attention without the ring's sends, both
 break parity.
 """
@@ -21,6 +21,7 @@ from autosp.testing.distributed import run_ranks
 
 TOL = 1e-5
 VOCAB = 64
+WINDOW = 5
 
 # name -> (model kwargs, compile options, sequence lengths: divisible by 2 * P and not)
 CONFIGS = {
@@ -33,17 +34,20 @@ CONFIGS = {
         ("hf_llama_packed", dict(heads=2, kv_heads=1), {}, (32, 30))],
     2: [("two_heads_ring", dict(heads=2, kv_heads=2), dict(sp_strategy="ring"), (16, 15)),
         ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring", checkpointing="sac-min"), (16, 13)),
-        ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14))],
+        ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14)),
+        ("hf_mistral_window", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 21))],
 }
 
 
 def _model(name: str, heads: int, kv_heads: int):
     if name.startswith("hf_"):
         import transformers
-        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                          max_position_embeddings=256, use_cache=False, attn_implementation="sdpa")
-        return transformers.LlamaForCausalLM(config)
+        kwargs = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                      use_cache=False, attn_implementation="sdpa")
+        if name == "hf_mistral_window":  # a sliding window of 5, shorter than every S here
+            return transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=WINDOW, **kwargs))
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
     from autosp.testing.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=2, heads=heads, kv_heads=kv_heads, ffn=48))
 
@@ -57,6 +61,8 @@ def _batch(name: str, seq: int, gen: torch.Generator) -> dict:
         for c in cuts:
             doc[c:] += 1
         kwargs["document_ids"] = doc[None].expand(2, seq)
+    elif name == "hf_mistral_window":
+        kwargs.update(use_cache=False)
     elif name.startswith("hf_"):
         pos = torch.arange(seq)
         for c in cuts:
@@ -102,10 +108,12 @@ def _run_config(name, model_kwargs, options, seqs, seed):
             result[f"S={seq} restored"] = relative_error(local.gather_sequence(mine), expected)
     transformed = compiled.programs[0].mlir["transformed"]
     result["layout"] = compiled.layout.describe()
+    result["forced"] = "sp_strategy" in options
     result["ring_ops"] = transformed.count('"autosp.ring_attention"')
     result["repeats"] = transformed.count("repeat_interleave")
     ring_kv = [line for line in transformed.splitlines() if '"autosp.ring_attention"' in line]
     result["documents"] = sum("!torch.int, !torch.vtensor" in line for line in ring_kv)  # a doc_ids operand
+    result["windows"] = sum(f"window = {WINDOW} : i64" in line for line in ring_kv)
     result["ring_kv_types"] = sorted({line.split(" : (")[1].split(", ")[1] for line in ring_kv})
     opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
     opt = torch.optim.AdamW(compiled.parameters(), lr=1e-3, eps=ADAM_EPS)
@@ -140,7 +148,7 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
             if rank == 0:
                 (line,) = r["verbose"]
                 assert line.startswith(f"[autosp] sequence parallelism: {r['layout']} ("), where
-                assert ("requested: " if "ring" in name or "hybrid" in name else "chosen: ") in line, where
+                assert ("requested: " if r["forced"] else "chosen: ") in line, where
             else:
                 assert r["verbose"] == [], where
             for grads, params in r["steps"]:
@@ -154,8 +162,10 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
                 assert r["layout"] == "ulysses=2 ring=2 zigzag", where
             if name.startswith("mqa"):  # the one KV head travels as it is: never repeated
                 assert r["repeats"] == 0 and all(t.startswith("!torch.vtensor<[2,1,") for t in r["ring_kv_types"]), where
-            if name.startswith(("docs_", "hf_")):
+            if name.startswith("docs_") or name == "hf_llama_packed":
                 assert r["documents"] == 2, where
+            if name == "hf_mistral_window":  # the window runs inside the ring, proven from the mask
+                assert r["windows"] == 2, where
 
 
 def _broken_ring_body(rank, world, queue, seed, mode):
