@@ -383,12 +383,8 @@ class AutospModule(torch.nn.Module):
                         ("ranks_per_node", ranks_per_node)):
             if d is not None and (not isinstance(d, int) or d < 1):
                 raise AutospError(f"{what} must be a positive int, got {d!r}")
-        if memory_budget is not None and (sp_strategy in ("ring", "hybrid") or (ring_degree or 1) > 1):
-            raise AutospError("memory_budget plans Ulysses meshes only (the memory model does not simulate ring "
-                              f"attention yet); got sp_strategy={sp_strategy!r}, ring_degree={ring_degree}")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-        self.mesh_request = dict(strategy="ulysses" if memory_budget is not None else sp_strategy,
-                                 ulysses_degree=ulysses_degree, ring_degree=ring_degree,
+        self.mesh_request = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
                                  ranks_per_node=ranks_per_node or local or None)
         self.layout: collectives.SeqLayout | None = None  # the compiled layout (see gather_sequence)
         self._mesh_groups: dict = {}
@@ -580,7 +576,7 @@ class AutospModule(torch.nn.Module):
             from autosp.planner import plan_memory
             plan = plan_memory(self.module, args, kwargs, self.memory_budget, sp_size=self.sp_size,
                                seq_dim=self.seq_dim, drop_logits=self.drop_logits, verbose=self.verbose,
-                               optimizer=self.optimizer,
+                               optimizer=self.optimizer, mesh=self.mesh_request,
                                fsdp=dist.get_world_size() if self.sharded_names and dist.is_initialized() else 1)
         elif self.drop_logits:
             plan = MemoryPlan(mode=self.checkpointing, drop_logits=True)

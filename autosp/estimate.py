@@ -143,8 +143,8 @@ class MemoryModel:
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype | None = torch.bfloat16,
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
-                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None):
-        from autosp.api import CHECKPOINTING, emit_program, transform
+                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: dict | None = None):
+        from autosp.api import CHECKPOINTING, emit_program, module_layout, transform
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
         from autosp.runtime import fsdp as fsdp_runtime
@@ -164,8 +164,10 @@ class MemoryModel:
         with collectives.simulate(sp_size, rank or 0):
             if transformed is None:
                 transformed = transform(self.model, args, kwargs, sp_size=sp_size, checkpointing=checkpointing,
-                                        plan=plan)
+                                        plan=plan, mesh=mesh)
             self.program = emit_program(self.model, transformed, checkpointing=checkpointing)
+        # The mesh the compiler chose (ring attention's sub-groups are simulated with it).
+        self.layout = module_layout(transformed.module) if sp_size > 1 else None
         _use_flash_attention(self.program.graph_module)
         gm = self.program.graph_module
         self.fsdp = fsdp
@@ -242,7 +244,7 @@ class MemoryModel:
         hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.set_aside_tensor(p.grad))
                  for p in params if p.requires_grad]
         try:
-            with collectives.simulate(self.sp_size, rank), tracker:
+            with collectives.simulate(self.sp_size, rank, self.layout), tracker:
                 with SavedTensors(list(self.model.parameters())) as saved:
                     loss = _loss_of(self.program(self.model, leaves))
                 loss.backward()
@@ -261,7 +263,8 @@ class MemoryModel:
 
 def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                     checkpointing: str = "off", batch: int = 1, rank: int | None = None,
-                    fsdp: int = 1) -> MemoryEstimate:
+                    fsdp: int = 1, sp_strategy: str = "ulysses", ulysses_degree: int | None = None,
+                    ring_degree: int | None = None) -> MemoryEstimate:
     """Per-rank memory of one training step of ``autosp.compile(model, checkpointing=...)``
     over ``sp_size`` ranks at ``seq_len`` tokens (see the module docstring).
 
@@ -273,8 +276,12 @@ def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torc
     the runtime executes it: one layer unsharded at a time plus the next one's prefetch,
     each layer's whole gradient until its reduce-scatter, and parameters, gradients and
     optimizer state divided by ``fsdp`` in :meth:`MemoryEstimate.state_bytes`.
+    ``sp_strategy``, ``ulysses_degree``, ``ring_degree``: the mesh, as for
+    :func:`autosp.compile` (default Ulysses; ``"auto"`` chooses as the compiler does).
     """
-    return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank, fsdp=fsdp).estimate(seq_len)
+    mesh = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree)
+    return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank, fsdp=fsdp,
+                       mesh=mesh).estimate(seq_len)
 
 
 def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,

@@ -65,7 +65,7 @@ class Planner:
 
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
-                 verbose: bool = False):
+                 verbose: bool = False, mesh: dict | None = None):
         from autosp.api import transform
         from autosp.estimate import MemoryModel, _meta_model
         from autosp.runtime import collectives
@@ -81,7 +81,7 @@ class Planner:
         self._memory_model = MemoryModel
         start = time.perf_counter()
         with collectives.simulate(sp_size, 0):
-            base = transform(self.model, *self.call, sp_size=sp_size, seq_dim=seq_dim)
+            base = transform(self.model, *self.call, sp_size=sp_size, seq_dim=seq_dim, mesh=mesh)
         self._base = base.to_bytes()
         self.regions = self._count_regions()
         self.vocab = self._vocab()
@@ -206,10 +206,11 @@ class Planner:
 
 def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int = 1, drop_logits: bool = False,
                 verbose: bool = False, fsdp: int = 1, optimizer: str = "adamw",
-                offload: bool | None = None) -> MemoryPlan:
-    """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring)."""
+                offload: bool | None = None, mesh: dict | None = None) -> MemoryPlan:
+    """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring);
+    ``mesh``: the Ulysses x ring request (:func:`autosp.api.mesh_options`' arguments)."""
     planner = Planner(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, fsdp=fsdp, optimizer=optimizer,
-                      offload=offload, drop_logits=drop_logits, verbose=verbose)
+                      offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh)
     plan, found = planner.plan(budget)
     if verbose:
         print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {_human(budget)} "
