@@ -6,7 +6,7 @@ Configurations (issue 13's acceptance): a 2-head model at P = 4 (Ulysses alone c
 split it), MQA with one KV head at P = 4 as a pure ring (no KV head repeated), GQA at
 P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; packed documents (a
 hand-written model's mask and Hugging Face Llama's from ``position_ids``) under ring and
-hybrid; Mistral's sliding window under a ring; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
+hybrid; Mistral's sliding window under a ring; rings of 2 in two data-parallel replicas; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
 masks with the wrong rank's positions, and attention without the ring's sends, both
 break parity.
 """
@@ -31,7 +31,8 @@ CONFIGS = {
          (32, 31)),
         ("docs_two_heads", dict(heads=2, kv_heads=2), {}, (32, 27)),
         ("docs_gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 29)),
-        ("hf_llama_packed", dict(heads=2, kv_heads=1), {}, (32, 30))],
+        ("hf_llama_packed", dict(heads=2, kv_heads=1), {}, (32, 30)),
+        ("dp_replicas", dict(heads=2, kv_heads=1), dict(sp_size=2, sp_strategy="ring"), (16, 13))],
     2: [("two_heads_ring", dict(heads=2, kv_heads=2), dict(sp_strategy="ring"), (16, 15)),
         ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring", checkpointing="sac-min"), (16, 13)),
         ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14)),
@@ -158,6 +159,8 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
                 assert "ring=" in r["layout"] and "ring=1 " not in r["layout"] + " ", where
             if "ring" in name:
                 assert r["layout"].startswith(f"ulysses=1 ring={world}"), where
+            if name == "dp_replicas":  # two data-parallel replicas, each a ring of 2
+                assert r["layout"] == "ulysses=1 ring=2 zigzag", where
             if name in ("gqa_hybrid", "docs_two_heads"):  # (docs_two_heads: what auto picks, documents on a hybrid)
                 assert r["layout"] == "ulysses=2 ring=2 zigzag", where
             if name.startswith("mqa"):  # the one KV head travels as it is: never repeated
