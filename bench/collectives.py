@@ -275,18 +275,14 @@ def main() -> None:
     parser.add_argument("--strategies", action="store_true", help="Ulysses, hybrid and ring meshes (P=--world)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    if args.strategies:
-        rows = strategy_table(args.world, args.seq)
-        if not args.no_write:
-            append_section("Collectives and bytes per mesh", f"S={args.seq}, fp32, P={args.world}, batch 1",
-                           "\n".join(rows))
-        return
-    if args.fsdp:
-        rows = fsdp_table(args.world, args.seq)
-        if not args.no_write:
-            append_section("FSDP2 parameter collectives per step", f"S={args.seq}, fp32, FSDP = SP over P ranks",
-                           "\n".join(rows))
-        return
+    special = [(args.strategies, strategy_table, "Collectives and bytes per mesh", f"P={args.world}, batch 1"),
+               (args.fsdp, fsdp_table, "FSDP2 parameter collectives per step", "FSDP = SP over P ranks")]
+    for wanted, make_table, title, context in special:
+        if wanted:
+            rows = make_table(args.world, args.seq)
+            if not args.no_write:
+                append_section(title, f"S={args.seq}, fp32, {context}", "\n".join(rows))
+            return
     rows = ["| model | P | all-to-all / layer fwd + bwd (Ulysses min 4 + 4) | other collectives / step | "
             "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio | grad buckets | "
             "grad bytes issued before last bwd op | first issue to end of bwd / bwd (ms) |",

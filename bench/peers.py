@@ -205,11 +205,12 @@ def _sdpa_bshd(q, k, v, scaling=None):
     return out.transpose(1, 2)
 
 
-def _run_ulysses(model, ids, labels, steps, warmup, name, attn_name, attn_fn, return_grads):
-    """Shared body of the hand-written Ulysses runners (``attn_fn`` is an HF attention function)."""
+def _run_hand_applied(model, ids, labels, steps, warmup, name, attn_name, attn_fn, return_grads, shard=None):
+    """Shared body of the hand-applied runners (hand-written Ulysses and ring): ``attn_fn``
+    is an HF attention function, ``shard`` slices this rank's rows (default: contiguous)."""
     from transformers import AttentionInterface
     AttentionInterface.register(attn_name, attn_fn)
-    ids_loc, pos_loc, labels_loc, n_tokens = _local_shard(ids, labels)
+    ids_loc, pos_loc, labels_loc, n_tokens = (shard or _local_shard)(ids, labels)
     previous = model.config._attn_implementation
     try:
         model.set_attn_implementation(attn_name)
@@ -265,7 +266,7 @@ def run_ulysses_deepspeed(model, ids, labels, steps: int, warmup: int, return_gr
                         None, scaling=scaling)
         return out, None
 
-    return _run_ulysses(model, ids, labels, steps, warmup, "Ulysses, DeepSpeed DistributedAttention",
+    return _run_hand_applied(model, ids, labels, steps, warmup, "Ulysses, DeepSpeed DistributedAttention",
                         "ulysses_ds", ulysses_ds, return_grads)
 
 
@@ -285,7 +286,7 @@ def run_ulysses_yunchang(model, ids, labels, steps: int, warmup: int, return_gra
         out = _sdpa_bshd(q, k, v, scaling=scaling)
         return SeqAllToAll4D.apply(group, out, 1, 2), None
 
-    return _run_ulysses(model, ids, labels, steps, warmup, "Ulysses, yunchang SeqAllToAll4D",
+    return _run_hand_applied(model, ids, labels, steps, warmup, "Ulysses, yunchang SeqAllToAll4D",
                         "ulysses_yc", ulysses_yc, return_grads)
 
 
@@ -407,7 +408,6 @@ def run_ring_handwritten(model, ids, labels, steps: int, warmup: int, return_gra
     those of :func:`run_ulysses_deepspeed`. Labelled as the project's own: neither
     ring-flash-attention nor yunchang's ring runs without CUDA (flash_attn), and PyTorch's
     context parallel has no sharding rule for the CPU flash kernel."""
-    from transformers import AttentionInterface
 
     def ring_hand(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if attention_mask is not None:
@@ -415,38 +415,8 @@ def run_ring_handwritten(model, ids, labels, steps: int, warmup: int, return_gra
         out = _HandZigzagRing.apply(query, key, value, scaling)
         return out.transpose(1, 2), None
 
-    AttentionInterface.register("ring_hand", ring_hand)
-    ids_loc, pos_loc, labels_loc, n_tokens = _zigzag_shard(ids, labels)
-    previous = model.config._attn_implementation
-    try:
-        model.set_attn_implementation("ring_hand")
-    except Exception:
-        model.config._attn_implementation = "ring_hand"
-    try:
-        def forward():
-            logits = model(input_ids=ids_loc, position_ids=pos_loc).logits
-            local_sum = F.cross_entropy(logits.float().flatten(0, 1), labels_loc.flatten(),
-                                        ignore_index=IGNORE, reduction="sum")
-            return local_sum / n_tokens
-
-        def sync():
-            _allreduce_grads(model, average=False)
-
-        def step():
-            _zero_grads(model)
-            forward().backward()
-            sync()
-
-        first, step_s = _time_steps(step, steps, warmup)
-        report, loss = _measure(model, forward, sync)
-        dist.all_reduce(loss)
-        return _result("ring, hand-written zigzag (the project's own)", first, step_s, report, loss, model,
-                       return_grads)
-    finally:
-        try:
-            model.set_attn_implementation(previous)
-        except Exception:
-            model.config._attn_implementation = previous
+    return _run_hand_applied(model, ids, labels, steps, warmup, "ring, hand-written zigzag (the project's own)",
+                        "ring_hand", ring_hand, return_grads, shard=_zigzag_shard)
 
 
 # --------------------------------------------------------------------------- DeepSpeed AutoSP

@@ -342,13 +342,23 @@ def _block_shape(like: torch.Tensor, length: int) -> tuple:
     return (2, b, h, length, d)
 
 
+def _pairs(spec: _Spec, src: int, device):
+    """The (query piece, key piece) pairs of this rank's rows against ring rank ``src``'s
+    block that see some key: ``(qo, n, ko, m, kind, vis)`` (local offsets and lengths, the
+    pair's kind and mask)."""
+    for qa, qb, qo in spec.layouts[spec.rank]:
+        for ka, kb, ko in spec.layouts[src]:
+            kind, vis = _pair_plan(qa, qb, ka, kb, spec, device)
+            if kind != _SKIP:
+                yield qo, qb - qa, ko, kb - ka, kind, vis
+
+
 def _ring_forward(q, k, v, spec: _Spec):
     ring = _Ring(spec, q.device)
     r, R = spec.rank, spec.ranks
     acc = _acc(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
-    qlay = spec.layouts[r]
     kv = torch.stack([k, v])  # the packed block that travels
     for t in range(R):
         src = (r - t) % R
@@ -357,15 +367,10 @@ def _ring_forward(q, k, v, spec: _Spec):
             arriving = kv.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
             works = ring.post(kv, arriving, _TAG_KV)
         kb_, vb_ = kv[0], kv[1]
-        for qa, qb, qo in qlay:
-            for ka, kb, ko in spec.layouts[src]:
-                kind, vis = _pair_plan(qa, qb, ka, kb, spec, q.device)
-                if kind == _SKIP:
-                    continue
-                n, m = qb - qa, kb - ka
-                o, o_lse = _pair_forward(q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
-                                         kind, vis, spec.scale, spec.kernel)
-                _merge(out.narrow(2, qo, n), lse.narrow(2, qo, n), o, o_lse)
+        for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
+            o, o_lse = _pair_forward(q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
+                                     kind, vis, spec.scale, spec.kernel)
+            _merge(out.narrow(2, qo, n), lse.narrow(2, qo, n), o, o_lse)
         ring.wait(works)
         if arriving is not None:
             kv = arriving
@@ -380,7 +385,6 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
     lse_bw = lse.masked_fill(lse == float("-inf"), float("inf"))  # a row that saw nothing: P = 0
     delta = None if spec.kernel else (dout.to(acc) * out.to(acc)).sum(-1)
     dout = dout.contiguous()
-    qlay = spec.layouts[r]
     kv = torch.stack([k, v])
     incoming, in_flight = None, None
     acc_works: list = []
@@ -392,19 +396,14 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
             kv_works = ring.post(kv, arriving, _TAG_BWD_KV)
         part = torch.zeros(_block_shape(k, spec.lengths[src]), dtype=acc, device=q.device)
         kb_, vb_ = kv[0], kv[1]
-        for qa, qb, qo in qlay:
-            for ka, kb, ko in spec.layouts[src]:
-                kind, vis = _pair_plan(qa, qb, ka, kb, spec, q.device)
-                if kind == _SKIP:
-                    continue
-                n, m = qb - qa, kb - ka
-                g_q, g_k, g_v = _pair_backward(
-                    dout.narrow(2, qo, n), q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
-                    out.narrow(2, qo, n), lse_bw.narrow(2, qo, n).contiguous(),
-                    None if delta is None else delta.narrow(2, qo, n), kind, vis, spec.scale, spec.kernel)
-                dq.narrow(2, qo, n).add_(g_q)
-                part[0].narrow(2, ko, m).add_(g_k)
-                part[1].narrow(2, ko, m).add_(g_v)
+        for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
+            g_q, g_k, g_v = _pair_backward(
+                dout.narrow(2, qo, n), q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
+                out.narrow(2, qo, n), lse_bw.narrow(2, qo, n).contiguous(),
+                None if delta is None else delta.narrow(2, qo, n), kind, vis, spec.scale, spec.kernel)
+            dq.narrow(2, qo, n).add_(g_q)
+            part[0].narrow(2, ko, m).add_(g_k)
+            part[1].narrow(2, ko, m).add_(g_v)
         if t > 0:  # the accumulator of this block, from the ranks before: received while computing
             ring.wait(acc_works)  # also the send of the previous block's accumulator
             in_flight = None
