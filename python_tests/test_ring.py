@@ -57,11 +57,12 @@ def _batch(name: str, seq: int, gen: torch.Generator) -> dict:
     ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
     kwargs = {"input_ids": ids, "labels": ids}
     cuts = sorted(torch.randperm(seq - 2, generator=gen)[:2].add(1).tolist())  # three documents per row
-    if name.startswith("docs_"):
-        doc = torch.zeros(seq, dtype=torch.int64)
-        for c in cuts:
-            doc[c:] += 1
-        kwargs["document_ids"] = doc[None].expand(2, seq)
+    if name.startswith("docs_"):  # each row packed differently
+        doc = torch.zeros(2, seq, dtype=torch.int64)
+        for row in range(2):
+            for c in sorted(torch.randperm(seq - 2, generator=gen)[:row + 2].add(1).tolist()):
+                doc[row, c:] += 1
+        kwargs["document_ids"] = doc
     elif name == "hf_mistral_window":
         kwargs.update(use_cache=False)
     elif name.startswith("hf_"):

@@ -144,8 +144,8 @@ def test_sp_smaller_than_world_forms_dp_x_sp_mesh(_fresh_seed):
 
 
 def _compiled_backend_body(rank, world, queue, seed):
-    """torch.compile after SP: the emitted module compiles as one graph (fullgraph=True).
-    One layer: AOTAutograd's trace of the graph is the cost, and a second layer adds no new op."""
+    """torch.compile after SP: the emitted module compiles as one graph (fullgraph=True),
+    with Ulysses and with ring attention. One layer: AOTAutograd's trace of the graph is the cost, and a second layer adds no new op."""
     import autosp
     from autosp.testing.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import parity
@@ -156,12 +156,17 @@ def _compiled_backend_body(rank, world, queue, seed):
     # One length, not divisible by P (uneven shards): each new length costs torch.compile a
     # recompilation of ~10 s per rank here, and every length runs the same emitted graph.
     args, kwargs = _inputs("llama", 15, torch.Generator().manual_seed(seed + 15))
-    queue.put((rank, parity(reference, compiled, *args, **kwargs).max_error))
+    errors = [parity(reference, compiled, *args, **kwargs).max_error]
+    # Ring attention in the one graph: the opaque ops autosp::ring_attention(_backward).
+    ring = autosp.compile(model, gather_outputs=True, backend="aot_eager", sp_strategy="ring")
+    errors.append(parity(reference, ring, *args, **kwargs).max_error)
+    queue.put((rank, (errors, ring.programs[0].mlir["transformed"].count('"autosp.ring_attention"'))))
 
 
 def test_torch_compile_after_sequence_parallelism(_fresh_seed):
     results = run_ranks(_compiled_backend_body, 2, args=(_fresh_seed % 10000,), timeout=600)
-    assert max(results.values()) <= TOL, results
+    for rank, (errors, rings) in results.items():
+        assert max(errors) <= TOL and rings == 1, (rank, errors, rings)
 
 
 def _ddp_body(rank, world, queue, seed):

@@ -86,13 +86,16 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS["autosp.vocab_logprob"] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
-@torch.compiler.disable  # point-to-point sends in a Python loop: run eagerly under backend=
 def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: int, scale: float, group: str):
     """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
     ranks' pieces of the sequence read from the group's layout (each ring rank attends
     with its ring group's frame), the document ids ([B, 1, 1, S]) as [B, S], and the
-    attributes' "none" spellings (``window`` 0, ``scale`` 0.0) as None."""
+    attributes' "none" spellings (``window`` 0, ``scale`` 0.0) as None. Under
+    torch.compile (``backend=``): the same ring as the opaque op ``autosp::ring_attention``."""
     from autosp.runtime import ring
+    if torch.compiler.is_compiling():
+        ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])
+        return ring.ring_attention_op(q, k, v, ids, seq_len, group, bool(is_causal), float(scale), int(window))[0]
     lay = collectives.layout(group)
     pieces = [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
     ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])

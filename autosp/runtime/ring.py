@@ -456,6 +456,13 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
     rank's positions; differentiable in query, key and value (ring backward).
     Every rank of the group must call it with the same ``pieces``.
     """
+    spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window)
+    return _RingAttention.apply(query, key, value, spec)
+
+
+def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window) -> _Spec:
+    """Validate :func:`ring_attention`'s arguments (``ValueError`` naming the bad one) and
+    plan the ring: this rank's place in it and every rank's pieces."""
     ranks, rank = collectives.group_size(group), collectives.group_rank(group)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -496,8 +503,68 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
             raise ValueError(f"ring_attention: doc_ids must be integers, got {doc_ids.dtype}")
         if doc_ids.device != query.device:
             doc_ids = doc_ids.to(query.device)
-    spec = _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
+    return _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
                  causal=bool(is_causal), window=window, docs=doc_ids,
                  scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
                  simulated=bool(collectives._SIMULATED), kernel=_use_kernel(query))
-    return _RingAttention.apply(query, key, value, spec)
+
+
+# ----------------------------------------------------------------------------- torch.compile
+# Under torch.compile (``autosp.compile(..., backend=...)``, one graph) the ring is an opaque
+# custom op pair: Dynamo cannot trace its sends, and AOT autograd traces the backward, so
+# the backward is an op too. The pieces are read from the group's layout at run time (the
+# graph carries only the symbolic length). Eager calls use ring_attention above.
+
+def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window) -> _Spec:
+    lay = collectives.layout(group)
+    pieces = [lay.ring_pieces(int(seq_len), i) for i in range(lay.ring)]
+    return _make_spec(q, k, v, pieces, group, is_causal, scale or None, doc_ids, window or None)
+
+
+@torch.library.custom_op("autosp::ring_attention", mutates_args=())
+def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None,
+                      seq_len: int, group: str, is_causal: bool, scale: float,
+                      window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring's forward as one op: ``(out, lse)`` for this rank's rows, the pieces of
+    every ring rank taken from ``group``'s layout at ``seq_len`` (``scale`` 0.0 and
+    ``window`` 0 mean none)."""
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window)
+    out, lse = _ring_forward(q, k, v, spec)
+    return torch.empty_like(q).copy_(out), lse.contiguous()
+
+
+@ring_attention_op.register_fake
+def _(q, k, v, doc_ids, seq_len, group, is_causal, scale, window):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
+
+
+@torch.library.custom_op("autosp::ring_attention_backward", mutates_args=())
+def ring_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               out: torch.Tensor, lse: torch.Tensor, doc_ids: torch.Tensor | None, seq_len: int,
+                               group: str, is_causal: bool, scale: float,
+                               window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ring's backward as one op: ``(dq, dk, dv)``."""
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window)
+    dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, spec)
+    # Laid out as the inputs, as the fake says (fresh tensors: dk and dv are views of one buffer).
+    return tuple(torch.empty_like(x).copy_(g) for x, g in ((q, dq), (k, dk), (v, dv)))
+
+
+@ring_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, doc_ids, seq_len, group, is_causal, scale, window):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # laid out as the inputs, as the real ones
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, doc_ids, seq_len, group, is_causal, scale, window = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids)
+    ctx.args = (seq_len, group, is_causal, scale, window)
+
+
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, doc_ids = ctx.saved_tensors
+    dq, dk, dv = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+ring_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
