@@ -1,12 +1,14 @@
 """Ring attention and hybrid Ulysses x ring meshes, end to end: parity with single-device
 eager on the full sequence (loss, gathered and local outputs, every gradient, three AdamW
-steps), S divisible by the mesh and not, with the strategy chosen automatically or forced.
+steps: each step's gradients and the parameters' relative L2 distance), S divisible by the
+mesh and not, with the strategy chosen automatically or forced.
 
 Configurations (issue 13's acceptance): a 2-head model at P = 4 (Ulysses alone cannot
 split it), MQA with one KV head at P = 4 as a pure ring (no KV head repeated), GQA at
 P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; packed documents (a
 hand-written model's mask and Hugging Face Llama's from ``position_ids``) under ring and
-hybrid; Mistral's sliding window under a ring; rings of 2 in two data-parallel replicas; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
+hybrid; Mistral's sliding window and GPT-2's eager attention under a ring, Qwen2 on a
+hybrid; rings of 2 in two data-parallel replicas; checkpointing (sac, sac-min, full) on some. Negative controls: a ring rank that
 masks with the wrong rank's positions, and attention without the ring's sends, both
 break parity.
 """
@@ -32,11 +34,13 @@ CONFIGS = {
         ("docs_two_heads", dict(heads=2, kv_heads=2), {}, (32, 27)),
         ("docs_gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 29)),
         ("hf_llama_packed", dict(heads=2, kv_heads=1), {}, (32, 30)),
-        ("dp_replicas", dict(heads=2, kv_heads=1), dict(sp_size=2, sp_strategy="ring"), (16, 13))],
+        ("dp_replicas", dict(heads=2, kv_heads=1), dict(sp_size=2, sp_strategy="ring"), (16, 13)),
+        ("hf_qwen2", dict(heads=4, kv_heads=2), dict(sp_strategy="hybrid", ulysses_degree=2), (32, 30))],
     2: [("two_heads_ring", dict(heads=2, kv_heads=2), dict(sp_strategy="ring"), (16, 15)),
         ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring", checkpointing="sac-min"), (16, 13)),
         ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14)),
-        ("hf_mistral_window", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 21))],
+        ("hf_mistral_window", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 21)),
+        ("hf_gpt2_eager", dict(heads=4, kv_heads=4), dict(sp_strategy="ring"), (16, 15))],
 }
 
 
@@ -48,6 +52,12 @@ def _model(name: str, heads: int, kv_heads: int):
                       use_cache=False, attn_implementation="sdpa")
         if name == "hf_mistral_window":  # a sliding window of 5, shorter than every S here
             return transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=WINDOW, **kwargs))
+        if name == "hf_qwen2":  # (q/k/v biases)
+            return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kwargs))
+        if name == "hf_gpt2_eager":  # hand-written attention, fused into SDPA first, then a ring
+            return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=heads, n_positions=256, attn_implementation="eager",
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
     from autosp.testing.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=2, heads=heads, kv_heads=kv_heads, ffn=48))
@@ -63,7 +73,7 @@ def _batch(name: str, seq: int, gen: torch.Generator) -> dict:
             for c in sorted(torch.randperm(seq - 2, generator=gen)[:row + 2].add(1).tolist()):
                 doc[row, c:] += 1
         kwargs["document_ids"] = doc
-    elif name == "hf_mistral_window":
+    elif name in ("hf_mistral_window", "hf_qwen2", "hf_gpt2_eager"):
         kwargs.update(use_cache=False)
     elif name.startswith("hf_"):
         pos = torch.arange(seq)
@@ -84,7 +94,7 @@ def _logits(out):
 def _run_config(name, model_kwargs, options, seqs, seed):
     import autosp
     from autosp.runtime import collectives
-    from autosp.testing.parity import ADAM_EPS, parity, relative_error
+    from autosp.testing.parity import ADAM_EPS, parameter_distance, parity, relative_error
     torch.manual_seed(seed)
     model = _model(name, **model_kwargs)
     reference = copy.deepcopy(model)
@@ -128,7 +138,7 @@ def _run_config(name, model_kwargs, options, seqs, seed):
         grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
         opt_ref.step()
         opt.step()
-        params = max(relative_error(p, q) for p, q in zip(model.parameters(), reference.parameters()))
+        params = parameter_distance(reference, model)  # relative L2: see its docstring (Adam's coin flips)
         steps.append((grads, params))
     result["steps"] = steps
     return result
