@@ -171,7 +171,8 @@ def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
                         seq_len=options.seq_len or 8192, head_dim=head_dim, strategy=strategy,
                         ulysses=options.ulysses_degree, ring=ring)
     except StrategyError as e:
-        raise DiagnosticError.at(heads[0][0], str(e)) from None
+        why = f"; ring attention is ruled out: an attention op: {ring_ok[1]}" if ring_ok is not None else ""
+        raise DiagnosticError.at(heads[0][0], str(e) + why) from None
     if ring_ok is not None and options.strategy == "auto":
         choice = type(choice)(choice.best, choice.reason + f"; ring ruled out: an attention op: {ring_ok[1]}",
                               choice.candidates)
