@@ -105,6 +105,7 @@ def mesh_options(strategy: str = "ulysses", ulysses_degree: int | None = None, r
 
 
 def _seq_len(args, kwargs, seq_dim: int) -> int | None:
+    """The example call's sequence length: the first tensor input's size at ``seq_dim``."""
     return next((x.shape[seq_dim] for x in pytree.tree_leaves((args, kwargs))
                  if isinstance(x, torch.Tensor) and x.dim() > seq_dim), None)
 
@@ -512,7 +513,7 @@ class AutospModule(torch.nn.Module):
             return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
                              checkpointing=self.checkpointing, group_name=self.group_name, plan=plan,
-                             mesh=self.mesh_request)
+                             mesh=self._mesh())
 
         group = self.sp_group
         if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
@@ -522,14 +523,23 @@ class AutospModule(torch.nn.Module):
         self._bind_layout(transformed.module)
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
                                checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
-        seq = next((x.shape[self.seq_dim] for x in pytree.tree_leaves((args, kwargs))
-                    if isinstance(x, torch.Tensor) and x.dim() > self.seq_dim), None)
+        seq = _seq_len(args, kwargs, self.seq_dim)
         if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             for line in kept_masks(transformed.module, seq):
                 warnings.warn(line, stacklevel=4)
         program.shard_scale = self.shard_scale
         program.sharded_names = self.sharded_names
         return program
+
+    def _mesh(self) -> dict:
+        """The mesh request of a compilation: the user's, until a first compilation chose a
+        layout; then that mesh (priced once, at the first call's length), so a later call
+        (another batch size) runs on the same sub-groups and layout."""
+        if self.layout is None or self.layout.ring == 1 and self.mesh_request["strategy"] == "ulysses":
+            return self.mesh_request
+        lay = self.layout
+        strategy = "ulysses" if lay.ring == 1 else "ring" if lay.ulysses == 1 else "hybrid"
+        return dict(self.mesh_request, strategy=strategy, ulysses_degree=lay.ulysses, ring_degree=lay.ring)
 
     def _bind_layout(self, module) -> None:
         """Register the sequence layout the compiler chose, and for a Ulysses x ring mesh

@@ -37,7 +37,7 @@ func.func @mixed_heads(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0
 
 // -----
 
-// is_causal must be known to lay out the ring's masks.
+// is_causal must be a constant to lay out the ring's masks (auto would keep Ulysses).
 func.func @dynamic_causal(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                           %c: !torch.bool {autosp.input = "args[1]"})
     -> !torch.vtensor<[2,4,?,8],f32> {
@@ -46,7 +46,7 @@ func.func @dynamic_causal(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "arg
   %false = torch.constant.bool false
   %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
   torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
-  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op has an is_causal that is not a constant; ring attention needs it}}
+  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its is_causal is not a constant}}
   %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %none, %float0, %c, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }

@@ -10,6 +10,22 @@
 // Nothing else communicates except the one all_reduce of the loss's sum.
 // RUN: grep -c -E '"autosp.(all_gather|reduce_scatter|all_reduce)"' %t.sp4.mlir | FileCheck %s --check-prefix=OTHER
 // OTHER: 1
+// A ring over the 4 ranks: no all-to-all; each layer's attention is one ring op on the
+// ":ring" sub-group, reading the 2 shared KV heads (the GQA repeat fused away), and the
+// module records the zigzag layout shard, rewindow and the loss follow.
+// RUN: autosp-opt %t.llama.mlir --autosp-sp-pipeline='sp-size=4 strategy=ring' > %t.ring4.mlir
+// RUN: FileCheck %s --input-file %t.ring4.mlir --check-prefix=RING
+// RUN: not grep -q '"autosp.all_to_all"' %t.ring4.mlir
+// RING: autosp.sp_layout = "ulysses=1 ring=4 zigzag"
+// RING-LABEL: func.func @main(
+// RING: "autosp.shard"
+// RING-COUNT-2: "autosp.ring_attention"({{.*}}) {group = "sp:ring", is_causal = 1 : i64, {{.*}}} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: "autosp.all_reduce"
+// Hybrid 2 x 2: per layer 3 + 1 all-to-alls on ":ulysses" around a ring on ":ring".
+// RUN: autosp-opt %t.llama.mlir --autosp-sp-pipeline='sp-size=4 strategy=hybrid ulysses-degree=2' > %t.hyb4.mlir
+// RUN: grep -c '"autosp.all_to_all".*group = "sp:ulysses"' %t.hyb4.mlir | FileCheck %s --check-prefix=COUNT
+// RUN: grep -c '"autosp.ring_attention".*group = "sp:ring"' %t.hyb4.mlir | FileCheck %s --check-prefix=TWO
+// TWO: 2
 // With sp-size=1 the pipeline only removes dead code.
 // RUN: autosp-opt %t.llama.mlir --autosp-sp-pipeline=sp-size=1 | FileCheck %s --check-prefix=P1
 // P1-NOT: "autosp.

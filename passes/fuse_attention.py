@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
+from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer
 from autosp.ir.ops import EMPTY_ROWS_ATTR, SDPA_OP, SOFTMAX_OPS, UNFUSED_ATTR
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
@@ -122,16 +122,8 @@ def _matmul(value: ir.Value) -> tuple[ir.Value, ir.Value]:
 
 
 def _float_const(value: ir.Value) -> float:
-    op = _op(value, "torch.constant.float", "torch.constant.int")
-    attr = op.attributes["value"]
-    return float(ir.FloatAttr(attr).value if op_name(op) == "torch.constant.float" else ir.IntegerAttr(attr).value)
-
-
-def _bool_const(value: ir.Value) -> bool | None:
-    op = producer(value)
-    if op is None or op_name(op) != "torch.constant.bool":
-        return None
-    return ir.BoolAttr(op.attributes["value"]).value
+    _op(value, "torch.constant.float", "torch.constant.int")  # else a _NoMatch naming the producer
+    return cast(float, const_float(value))
 
 
 def _dtype(value: ir.Value) -> str:
@@ -159,7 +151,7 @@ def match(softmax) -> Match:
     scores = softmax.operands[0]
     if const_int(softmax.operands[1]) not in (-1, 3):
         raise _NoMatch("softmax over another dim than the last")
-    if name == "torch.aten._softmax" and _bool_const(softmax.operands[2]) is not False:
+    if name == "torch.aten._softmax" and const_bool(softmax.operands[2]) is not False:
         raise _NoMatch("_softmax with half_to_float")
     if _dtype(softmax.results[0]) != _dtype(scores):
         raise _NoMatch("softmax in another dtype than the scores")
@@ -226,7 +218,7 @@ def match(softmax) -> Match:
                 and _dtype(user.results[0]) == _dtype(p):
             p = user.results[0]
         elif uname == "torch.aten.dropout":
-            if _float_const(user.operands[1]) != 0.0 and _bool_const(user.operands[2]) is not False:
+            if _float_const(user.operands[1]) != 0.0 and const_bool(user.operands[2]) is not False:
                 raise _NoMatch("attention dropout with p > 0")
             p = user.results[0]
         else:

@@ -35,10 +35,11 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.core import as_operation, const_int, op_name, producer
+from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.fuse_gqa import repeated_heads
+from autosp.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
 
 
@@ -102,41 +103,31 @@ CHOICE_ATTR = "autosp.sp_choice"   # on the module: the strategy chosen, and why
 
 
 def ring_blocker(op, kind: str) -> str | None:
-    """Why ring attention cannot run ``op`` (None: it can): it needs SDPA whose mask is
-    none (causal or not), or proven documents / a sliding window."""
+    """Why ring attention cannot run ``op`` (None: it can), read from constants in the IR:
+    it needs SDPA whose mask is none (causal or not) or proven documents / a sliding
+    window, a constant is_causal and scale, and no dropout."""
     if kind == "manual":
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
     if ops.KEY_PADDING_ATTR in op.attributes or ops.EMPTY_ROWS_ATTR in op.attributes:
         return "its mask keeps key padding (ring attention takes causal, document and window masks)"
-    if ops.DOCUMENTS_ATTR not in op.attributes and not _is_none(mask):
+    if ops.DOCUMENTS_ATTR not in op.attributes and not is_none(mask):
         return "its mask is not one autosp-causal-mask proved causal, documents or a window"
     if ops.WINDOW_ATTR in op.attributes and ops.DOCUMENTS_ATTR in op.attributes:
         return "it combines documents with a sliding window"
-    if not _is_none(op.operands[4]) and _float_value(op.operands[4]) not in (0.0, None):
-        return "it has dropout"
-    if not _is_none(op.operands[6]) and _float_value(op.operands[6]) is None:
+    if not is_none(op.operands[4]) and const_float(op.operands[4]) != 0.0:
+        return "it has dropout (or a dropout probability that is not the constant 0)"
+    if const_bool(op.operands[5]) is None:
+        return "its is_causal is not a constant"
+    if not is_none(op.operands[6]) and const_float(op.operands[6]) is None:
         return "its scale is not a constant"
     return None
-
-
-def _is_none(value) -> bool:
-    return not isinstance(value.owner, ir.Block) and op_name(value.owner) == ops.CONSTANT_NONE
-
-
-def _float_value(value) -> float | None:
-    owner = producer(value)
-    if owner is None or op_name(owner) not in ("torch.constant.float", "torch.constant.int"):
-        return None
-    attr = owner.attributes["value"]
-    return float(ir.FloatAttr(attr).value) if op_name(owner) == "torch.constant.float" else float(ir.IntegerAttr(attr).value)
 
 
 def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
     """The Ulysses x ring mesh for every attention op (one layout for the module):
     :func:`autosp.strategy.choose` on the first op's heads, limited to meshes every op
     can run. A forced strategy no op can run is diagnosed at that op."""
-    from autosp.strategy import StrategyError, choose
     heads = []
     ring_ok = None
     for op, kind in info.attention:
@@ -150,16 +141,14 @@ def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
         raise DiagnosticError.at(heads[1][0], "has other head counts than the first attention op; autosp lays "
                                              "the sequence out once for the module")
     h, kv = (heads[0][1], heads[0][2]) if heads else (None, None)
-    if h is None or kv is None:  # manual attention (or dynamic heads): Ulysses only, as before
-        if options.strategy in ("ring", "hybrid") or options.ring_degree > 1:
-            raise DiagnosticError.at(info.attention[0][0], "ring attention needs SDPA with static head counts")
-        from autosp.strategy import Candidate, Choice
-        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: manual attention")
     strategy, ring = options.strategy, options.ring_degree
-    if strategy == "ulysses" and ring <= 1:  # the heads' checks are partition_sdpa's diagnostics
-        from autosp.strategy import Candidate, Choice
-        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: requested")
     forced_ring = strategy in ("ring", "hybrid") or ring > 1
+    if h is None or kv is None:  # manual attention (or dynamic heads): Ulysses only, as before
+        if forced_ring:
+            raise DiagnosticError.at(info.attention[0][0], "ring attention needs SDPA with static head counts")
+        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: manual attention")
+    if strategy == "ulysses" and ring <= 1:  # the heads' checks are partition_sdpa's diagnostics
+        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), "ulysses: requested")
     if ring_ok is not None:
         if forced_ring:
             raise DiagnosticError.at(ring_ok[0], f"cannot run as ring attention: {ring_ok[1]}")
@@ -209,8 +198,7 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     if heads % sp_size:
         raise DiagnosticError.at(op, f"query heads ({heads}) are not divisible by sp-size {sp_size}: "
                                      "Ulysses attention gives each rank heads/sp-size heads")
-    mask_is_none = not isinstance(mask.owner, ir.Block) and op_name(mask.owner) == ops.CONSTANT_NONE
-    if not mask_is_none:
+    if not is_none(mask):
         # Inside Ulysses attention queries and keys are whole, so a [.., S, S] mask is used
         # whole; only a per-head mask would need slicing.
         mask_shape = b.vtensor_shape(mask.type)
@@ -281,22 +269,18 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
 
 
 def to_ring(op, group: str, seq_len: ir.Value) -> None:
-    """Replace SDPA ``op`` by ``autosp.ring_attention`` on the same (sharded) operands."""
+    """Replace SDPA ``op`` (which :func:`ring_blocker` accepted) by ``autosp.ring_attention``
+    on the same (sharded) operands."""
     q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
-    causal = bool(ir.IntegerAttr(producer(op.operands[5]).attributes["value"]).value) \
-        if producer(op.operands[5]) is not None and op_name(producer(op.operands[5])) == "torch.constant.bool" else None
-    if causal is None:
-        raise DiagnosticError.at(op, "has an is_causal that is not a constant; ring attention needs it")
+    causal = bool(const_bool(op.operands[5]))
     window = ir.IntegerAttr(op.attributes[ops.WINDOW_ATTR]).value if ops.WINDOW_ATTR in op.attributes else 0
-    scale = 0.0 if _is_none(op.operands[6]) else (_float_value(op.operands[6]) or 0.0)
+    scale = const_float(op.operands[6]) or 0.0  # (none: 0.0, the op's spelling of 1/sqrt(D))
     operands = [q, k, v, seq_len] + ([mask] if ops.DOCUMENTS_ATTR in op.attributes else [])
     with ir.InsertionPoint(op), op.location:
         ring = b.autosp_op("ring_attention", operands, op.results[0].type, is_causal=int(causal), window=window,
                            scale=float(scale), group=group)
     op.results[0].replace_all_uses_with(ring)
     op.erase()
-
-
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp", *, ulysses: int = 0,

@@ -74,3 +74,17 @@ def test_compile_rejects_unknown_strategies():
         autosp.compile(torch.nn.Linear(2, 2), sp_strategy="zigzag")
     with pytest.raises(AutospError, match="ring_degree must be a positive int"):
         autosp.compile(torch.nn.Linear(2, 2), ring_degree=0)
+
+
+def test_a_later_compilation_keeps_the_first_mesh():
+    """The mesh is priced once (at the first call's length); a later compilation (another
+    batch size) requests that mesh, so it runs on the same sub-groups and layout."""
+    import autosp
+    module = autosp.compile(torch.nn.Linear(2, 2))
+    assert module._mesh()["strategy"] == "auto"
+    for layout, strategy in ((SeqLayout(2, 2, True), "hybrid"), (SeqLayout(1, 4, True), "ring"), (SeqLayout(4), "ulysses")):
+        module.layout = layout
+        mesh = module._mesh()
+        assert (mesh["strategy"], mesh["ulysses_degree"], mesh["ring_degree"]) == (strategy, layout.ulysses, layout.ring)
+        chosen = choose(8, 4, 4, strategy=mesh["strategy"], ulysses=mesh["ulysses_degree"], ring=mesh["ring_degree"])
+        assert (chosen.ulysses, chosen.ring) == (layout.ulysses, layout.ring)

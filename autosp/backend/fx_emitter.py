@@ -93,14 +93,11 @@ def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: in
     attributes' "none" spellings (``window`` 0, ``scale`` 0.0) as None. Under
     torch.compile (``backend=``): the same ring as the opaque op ``autosp::ring_attention``."""
     from autosp.runtime import ring
-    if torch.compiler.is_compiling():
-        ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])
-        return ring.ring_attention_op(q, k, v, ids, seq_len, group, bool(is_causal), float(scale), int(window))[0]
-    lay = collectives.layout(group)
-    pieces = [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
     ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])
-    return ring.ring_attention(q, k, v, pieces=pieces, group=group, is_causal=bool(is_causal), scale=scale or None,
-                               doc_ids=ids, window=window or None)
+    if torch.compiler.is_compiling():
+        return ring.ring_attention_op(q, k, v, ids, seq_len, group, bool(is_causal), float(scale), int(window))[0]
+    return ring.ring_attention(q, k, v, pieces=ring.layout_pieces(group, seq_len), group=group,
+                               is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None)
 
 
 _AUTOSP_OPS["autosp.ring_attention"] = (ring_attention, ("q", "k", "v", "seq_len", "doc_ids"))

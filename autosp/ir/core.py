@@ -128,6 +128,23 @@ def const_int(value: ir.Value) -> int | None:
     return owner.attributes["value"].value
 
 
+def const_float(value: ir.Value) -> float | None:
+    """The number of a ``torch.constant.float`` (or ``.int``) result, else None."""
+    op = producer(value)
+    if op is None or op_name(op) not in ("torch.constant.float", "torch.constant.int"):
+        return None
+    attr = op.attributes["value"]
+    return float(ir.FloatAttr(attr).value if op_name(op) == "torch.constant.float" else ir.IntegerAttr(attr).value)
+
+
+def const_bool(value: ir.Value) -> bool | None:
+    """The value of a ``torch.constant.bool`` result, else None."""
+    op = producer(value)
+    if op is None or op_name(op) != "torch.constant.bool":
+        return None
+    return ir.BoolAttr(op.attributes["value"]).value
+
+
 def producer(value: ir.Value):
     """The op that defines ``value`` (None for a block argument)."""
     owner = value.owner

@@ -322,6 +322,15 @@ class _Ring:
             ops.append(dist.P2POp(dist.irecv, recv, self.prev, self.pg, tag))
         return dist.batch_isend_irecv(ops) if ops else []
 
+    def pass_kv(self, kv, spec: "_Spec", t: int, tag: int):
+        """Step ``t`` holds the block of ring rank ``r - t``: post its send to ``r + 1`` and
+        the receive of the next one (except at the last step); ``(works, arriving)``."""
+        if t == spec.ranks - 1:
+            return [], None
+        src = (spec.rank - t) % spec.ranks
+        arriving = kv.new_empty(_block_shape(kv[0], spec.lengths[(src - 1) % spec.ranks]))
+        return self.post(kv, arriving, tag), arriving
+
     def wait(self, works) -> None:
         for w in works:
             if self.timeout is None:
@@ -362,10 +371,7 @@ def _ring_forward(q, k, v, spec: _Spec):
     kv = torch.stack([k, v])  # the packed block that travels
     for t in range(R):
         src = (r - t) % R
-        works, arriving = [], None
-        if t < R - 1:
-            arriving = kv.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
-            works = ring.post(kv, arriving, _TAG_KV)
+        works, arriving = ring.pass_kv(kv, spec, t, _TAG_KV)
         kb_, vb_ = kv[0], kv[1]
         for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
             o, o_lse = _pair_forward(q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
@@ -390,10 +396,7 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
     acc_works: list = []
     for t in range(R):
         src = (r - t) % R
-        kv_works, arriving = [], None
-        if t < R - 1:
-            arriving = kv.new_empty(_block_shape(k, spec.lengths[(src - 1) % R]))
-            kv_works = ring.post(kv, arriving, _TAG_BWD_KV)
+        kv_works, arriving = ring.pass_kv(kv, spec, t, _TAG_BWD_KV)
         part = torch.zeros(_block_shape(k, spec.lengths[src]), dtype=acc, device=q.device)
         kb_, vb_ = kv[0], kv[1]
         for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
@@ -515,10 +518,16 @@ def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, wind
 # the backward is an op too. The pieces are read from the group's layout at run time (the
 # graph carries only the symbolic length). Eager calls use ring_attention above.
 
-def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window) -> _Spec:
+def layout_pieces(group: str, seq_len: int) -> list[list[tuple[int, int]]]:
+    """``pieces`` for :func:`ring_attention` from the layout of ``group``'s sequence-parallel
+    group: ring rank i attends with ring group i's frame (its Ulysses ranks' rows)."""
     lay = collectives.layout(group)
-    pieces = [lay.ring_pieces(int(seq_len), i) for i in range(lay.ring)]
-    return _make_spec(q, k, v, pieces, group, is_causal, scale or None, doc_ids, window or None)
+    return [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
+
+
+def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window) -> _Spec:
+    return _make_spec(q, k, v, layout_pieces(group, int(seq_len)), group, is_causal, scale or None, doc_ids,
+                      window or None)
 
 
 @torch.library.custom_op("autosp::ring_attention", mutates_args=())
