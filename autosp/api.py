@@ -13,6 +13,7 @@ another sequence length does not (the sequence dimension is symbolic).
 """
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import itertools
@@ -34,6 +35,7 @@ from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
 from autosp.ir.core import as_operation, body_ops, funcs, make_context, op_name
+from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
@@ -41,8 +43,21 @@ from autosp.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
 
+# The shortest sequence a call may have (torch.export specialises sizes 0 and 1; a causal
+# LM's shifted labels hold S - 1 positions).
+MIN_SEQ_LEN = 3
+
 # "off" plus the modes of the autosp-checkpoint pass, which defines them.
 CHECKPOINTING = ("off", *CHECKPOINT_MODES)
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    """Does ``model``'s forward take the keyword ``name``?"""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
 
 
 def _sequence_parallel_group(sp_size: int, group):
@@ -58,6 +73,21 @@ def _sequence_parallel_group(sp_size: int, group):
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
     return mesh["sp"].get_group(), mesh
+
+
+def _check_launch(sp_size: int | None, group) -> None:
+    """Launch mistakes that would otherwise run every rank alone, without a word."""
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        return
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:
+        raise AutospError(f"WORLD_SIZE={world} is set (a torchrun job?) but torch.distributed is not initialised: "
+                          "call torch.distributed.init_process_group() on every rank before autosp.compile "
+                          "(or run without WORLD_SIZE for one device)")
+    if sp_size is not None and sp_size > 1:
+        raise AutospError(f"sp_size={sp_size} needs torch.distributed: launch {sp_size} ranks (torchrun "
+                          f"--nproc-per-node {sp_size} ...) and call torch.distributed.init_process_group() "
+                          "before autosp.compile")
 
 
 def _resolve_sp_size(sp_size: int | None, group) -> int:
@@ -91,7 +121,9 @@ class Transformed:
 
     @staticmethod
     def from_bytes(data: bytes) -> "Transformed":
-        code, args, out_spec, tensor_leaves, mlir, timings = pickle.loads(data)  # sent by the group's first rank
+        with warnings.catch_warnings():  # torch's own pytree specs, unpickled (LeafSpec's deprecation)
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            code, args, out_spec, tensor_leaves, mlir, timings = pickle.loads(data)  # sent by the group's first rank
         with make_context():
             module = ir.Module.parse(code).operation
         return Transformed(module, args, out_spec, tensor_leaves, mlir, timings)
@@ -374,7 +406,7 @@ class AutospModule(torch.nn.Module):
                  memory_plan: MemoryPlan | None = None, memory_budget: int | str | None = None,
                  drop_logits: bool = False, optimizer: str = "adamw", sp_strategy: str = "auto",
                  ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None):
+                 ranks_per_node: int | None = None, check_inputs: bool = True):
         super().__init__()
         self.module = model
         from autosp.strategy import STRATEGIES
@@ -393,7 +425,12 @@ class AutospModule(torch.nn.Module):
         self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
         self.drop_logits = drop_logits
         self.optimizer = optimizer
+        _check_launch(sp_size, group)
         self.sp_size = _resolve_sp_size(sp_size, group)
+        self.check_inputs = check_inputs
+        config = getattr(model, "config", None)
+        self._use_cache_off = bool(getattr(config, "use_cache", False)) and _accepts(model, "use_cache")
+        self._said_use_cache = False
         self.group = group
         self.seq_dim = seq_dim
         self.gather_outputs = gather_outputs
@@ -438,6 +475,12 @@ class AutospModule(torch.nn.Module):
                 dp = self.mesh["dp"].size()
                 self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
                                               scale=1.0 / dp)
+        elif group is None and sync_data_parallel and dist.is_available() and dist.is_initialized() and \
+                dist.get_world_size() > 1:
+            # sp_size=1 in a larger world: every rank is a data-parallel replica of its own,
+            # and sync_data_parallel's contract (average over the replicas) still holds.
+            self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
+                                          scale=1.0 / dist.get_world_size())
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
@@ -451,58 +494,68 @@ class AutospModule(torch.nn.Module):
                 parts.append(("C", repr(leaf)))
         return spec, tuple(parts)
 
+    def _modes(self) -> tuple:
+        """The ``training`` flag of every submodule: part of a program's key (dropout, and
+        anything else a module does differently in ``train()`` and ``eval()``)."""
+        return tuple(m.training for m in self.module.modules())
+
     def compile_for(self, *args, **kwargs) -> CompiledProgram:
-        """Compile (or fetch from the cache) the program for this call's signature."""
+        """Compile (or fetch from the cache) the program for this call's signature (its
+        structure, dtypes, non-sequence sizes and the module's train/eval mode)."""
+        kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        key = self._signature(leaves, spec)
+        return self._program_for(args, kwargs, leaves, spec, check=False)
+
+    def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
+        modes = self._modes()
+        key = (self._signature(leaves, spec), modes)
         program = self._programs.get(key)
+        # The ranks agree on the call before its first collective: on every call, or (with
+        # check_inputs=False) when a signature first compiles.
+        if check or program is None:
+            self._check_ranks_agree(leaves, spec, modes)
+        self._check_call(leaves)  # after the ranks agree: every rank raises it, or none
         if program is None:
-            self._check_ranks_agree(leaves, spec)
             program = self._compile(args, kwargs)
             self._programs[key] = program
         return program
 
-    def _check_ranks_agree(self, leaves, spec) -> None:
-        """Every rank of the group must pass the same full-sequence inputs: compare the
-        tensor inputs' sizes over the group (one small all-gather, under the process
-        group's timeout) and name the first argument and dimension that differ."""
+    def _call_kwargs(self, kwargs: dict) -> dict:
+        """The call as compiled: a Hugging Face model that would return a key/value cache
+        (``config.use_cache``) is called with ``use_cache=False`` (a cache is for
+        generation; autosp compiles training and evaluation calls), said once."""
+        if not self._use_cache_off or "use_cache" in kwargs:
+            if kwargs.get("use_cache") is True:
+                raise AutospError("use_cache=True: autosp compiles training and evaluation calls, which use no "
+                                  "key/value cache; call the model with use_cache=False (generation with a cache "
+                                  "is not sequence-parallel)")
+            return kwargs
+        if not self._said_use_cache and self.verbose:
+            print("[autosp] calling the model with use_cache=False (config.use_cache is True; a key/value "
+                  "cache is for generation)", file=sys.stderr)
+        self._said_use_cache = True
+        return {**kwargs, "use_cache": False}
+
+    def _check_call(self, leaves) -> None:
+        """Checks of one call on this rank alone: the sequence is long enough."""
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > self.seq_dim:
+                if leaf.shape[self.seq_dim] < MIN_SEQ_LEN:
+                    raise AutospError(
+                        f"the sequence (dim {self.seq_dim}) has {leaf.shape[self.seq_dim]} position(s); autosp "
+                        f"needs at least {MIN_SEQ_LEN}: torch.export specialises sizes 0 and 1, and a causal LM's "
+                        "shifted labels (S - 1 positions) must not be one either")
+                return
+
+    def _check_ranks_agree(self, leaves, spec, modes: tuple = ()) -> None:
+        """Every rank of the group must pass the same full-sequence inputs, in the same
+        train/eval mode: :func:`autosp.inputs.check_inputs_agree` (one small all-gather,
+        under the process group's timeout) names the first argument, dimension or
+        contents that differ, with each rank's value."""
         if self.sp_group is None or collectives._SIMULATED or not dist.is_initialized():
             return
-        group = self.sp_group
-        paths = input_paths(spec, leaves)
-        tensors = [(p, t) for p, t in zip(paths, leaves) if isinstance(t, torch.Tensor)]
-        mine = [len(tensors)]
-        for _, t in tensors:
-            mine += [t.dim(), *t.shape]
-        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-        ranks = dist.get_process_group_ranks(group)
-        n = torch.tensor([len(mine)], device=device)
-        lengths = [torch.zeros_like(n) for _ in ranks]
-        dist.all_gather(lengths, n, group=group)
-        width = int(max(x.item() for x in lengths))
-        vec = torch.tensor(mine + [-1] * (width - len(mine)), device=device)
-        gathered = [torch.zeros_like(vec) for _ in ranks]
-        dist.all_gather(gathered, vec, group=group)
-        table = [g.tolist() for g in gathered]
-
-        def fail(what: str, values) -> None:
-            each = ", ".join(f"rank {r}: {v}" for r, v in zip(ranks, values))
-            raise AutospError(f"{what} differs across the ranks of the sequence-parallel group ({each}); "
-                              "every rank of a group must pass the same full-sequence inputs")
-
-        if len({row[0] for row in table}) > 1:
-            fail("the number of tensor inputs", [row[0] for row in table])
-        pos = [1] * len(table)
-        for path, t in tensors:
-            dims = [row[p] for row, p in zip(table, pos)]
-            if len(set(dims)) > 1:
-                fail(f"the number of dimensions of {path}", dims)
-            for d in range(t.dim()):
-                sizes = [row[p + 1 + d] for row, p in zip(table, pos)]
-                if len(set(sizes)) > 1:
-                    kind = " (the sequence)" if d == self.seq_dim else ""
-                    fail(f"{path} dim {d}{kind}", sizes)
-            pos = [p + 1 + t.dim() for p in pos]
+        check_inputs_agree(leaves, spec, input_paths(spec, leaves), self.sp_group, modes=modes,
+                           seq_dim=self.seq_dim)
 
     def _compile(self, args, kwargs) -> CompiledProgram:
         """Transform on the group's first rank and send the program to the others (it is
@@ -576,6 +629,27 @@ class AutospModule(torch.nn.Module):
         dim = self.seq_dim if dim is None else dim
         return collectives.restore_sequence_order(x, dim, self.group_name)
 
+    def shard_sequence(self, x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """A full-sequence tensor -> this rank's part of it, in the module's layout (the
+        inverse of :meth:`gather_sequence`, zigzag included): the positions this rank's
+        sequence-aligned outputs hold, so a loss computed outside the model on local
+        logits pairs each logit with its own label. No communication; differentiable.
+        Needs a first call (the compiler chooses the layout then).
+
+        Example::
+
+            logits = sp(ids).logits                        # this rank's positions
+            local_labels = sp.shard_sequence(labels)       # the same positions of labels
+        """
+        dim = self.seq_dim if dim is None else dim
+        if self.sp_size == 1:
+            return x
+        if not self._programs:
+            raise AutospError("shard_sequence: call the module once first; the compiler chooses the sequence "
+                              "layout at the first call")
+        dim %= x.dim()
+        return collectives.shard(x, x.shape[dim], dim, 0, 0, self.group_name)
+
     def _plan(self, args, kwargs) -> MemoryPlan | None:
         """The memory plan of this compilation: ``memory_plan``, or the planner's for
         ``memory_budget`` at this call's sequence length (the same on every rank: the
@@ -596,8 +670,9 @@ class AutospModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
-        program = self.compile_for(*args, **kwargs)
-        leaves, _ = pytree.tree_flatten((args, kwargs))
+        kwargs = self._call_kwargs(kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        program = self._program_for(args, kwargs, leaves, spec, check=self.check_inputs)
         return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
 
     @property
@@ -611,9 +686,18 @@ def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_
     """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/DESIGN.md §2).
 
     Call it on every rank of an initialised torch.distributed job; every rank then calls
-    the returned module with the same full-sequence inputs (the ranks of a group check, once
-    per compilation, that they agree on every input's sizes: an :class:`AutospError` names
-    the argument, the dimension and each rank's value). Inputs may be views (``tokens[:, 1:]``),
+    the returned module with the same full-sequence inputs. The ranks of a group check that,
+    on every call and before any collective: a fingerprint of every tensor input's contents,
+    every size and non-tensor argument, and the train/eval mode, exchanged in one small
+    all-gather (:mod:`autosp.inputs`); a difference raises the same :class:`AutospError` on
+    every rank, naming the argument, the dimension or "contents" and each rank's value, and
+    the module stays usable. ``check_inputs=False`` skips the check on calls whose signature
+    already compiled, for callers that guarantee agreement (a mismatch then trains wrong, or
+    fails inside the collectives). The sequence must have at least ``MIN_SEQ_LEN`` (3)
+    positions. ``train()`` / ``eval()`` select separate programs (every submodule's
+    ``training`` flag is part of the program's key). A Hugging Face model whose
+    ``config.use_cache`` is set is called with ``use_cache=False`` (a key/value cache is for
+    generation); an explicit ``use_cache=True`` is an error. Inputs may be views (``tokens[:, 1:]``),
     expanded tensors or int32 ids; they are passed on as dense tensors, and a view shares the
     compilation of a dense tensor of the same shape. ``sp_size`` defaults to the size of
     ``group`` (or the world; 1 without torch.distributed); a world larger than ``sp_size`` is

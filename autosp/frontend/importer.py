@@ -17,7 +17,11 @@ Example::
 """
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,12 +186,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
         with torch.no_grad(), fsdp.hooks_detached(model):
             program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
-        hint = ""
-        if "Cache" in str(e) and getattr(getattr(model, "config", None), "use_cache", False):
-            hint = ("\nhint: the model returns a key/value cache, which training does not use; call it "
-                    "with use_cache=False (or set model.config.use_cache = False)")
-        raise AutospError(f"torch.export could not trace the model: {type(e).__name__}: "
-                          f"{_first_lines(str(e))}{hint}") from e
+        raise _export_error(e, model) from None
     _check_no_input_mutation(program, names)
     timings["export_s"] = time.perf_counter() - start
 
@@ -215,7 +214,9 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
     """Decompose ``program`` with ``table``, import it into ``ctx`` and lower it to
     torch-mlir's backend contract (the ops of ``BACKEND_LEGAL_OPS`` kept)."""
-    program = program.run_decompositions(table)
+    with warnings.catch_warnings():  # torch's own deep copy of pytree specs, not the user's code
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        program = program.run_decompositions(table)
     symbolic.install()
     importer = FxImporter(context=ctx, hooks=symbolic.DenseLiterals())
     importer.import_program(program, func_name="main", import_symbolic_shape_expressions=True)
@@ -226,6 +227,21 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
         "extra-library=})",
         "Lowering TorchFX IR -> Torch Backend IR")
     return as_operation(importer.module)
+
+
+def _export_error(e: Exception, model: torch.nn.Module) -> AutospError:
+    """One readable error for a failed torch.export: the hint first (when autosp knows the
+    cause), then torch.export's first lines; the whole trace goes to a file the message
+    names, not to the user's terminal."""
+    hint = ""
+    if "Cache" in str(e) and getattr(getattr(model, "config", None), "use_cache", False):
+        hint = ("the model returns a key/value cache, which training does not use: call it with "
+                "use_cache=False (or set model.config.use_cache = False)\n")
+    fd, path = tempfile.mkstemp(prefix="autosp-export-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exception(e, file=f)
+    return AutospError(f"{hint}torch.export could not trace the model: {type(e).__name__}: "
+                       f"{_first_lines(str(e))}\n(torch.export's whole trace: {path})")
 
 
 def _first_lines(text: str, n: int = 6) -> str:
