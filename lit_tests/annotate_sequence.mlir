@@ -86,3 +86,41 @@ func.func @manual_attention_seq_first(%x: !torch.vtensor<[?,4,8],f32> {autosp.in
 }
 
 
+
+// -----
+
+// Dropout's mask in train mode: a 0-d tensor broadcast to a size list built from S, then
+// drawn (`uniform`) and compared, none of it bound. The broadcast's sequence dim comes from
+// its size list, and the ops after it inherit it, so the mask is sliced where it meets the
+// sharded activations.
+// CHECK-LABEL: func.func @dropout_mask_from_size_list
+func.func @dropout_mask_from_size_list(%x: !torch.vtensor<[2,?,32],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,1,?,32],f32> {
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int6 = torch.constant.int 6
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %float1 = torch.constant.float 1.000000e+00
+  %zero = torch.vtensor.literal(dense<0.000000e+00> : tensor<f64>) : !torch.vtensor<[],f64>
+  %keep = torch.vtensor.literal(dense<9.000000e-01> : tensor<f64>) : !torch.vtensor<[],f64>
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %0 = torch.aten.size.int %x, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int -> !torch.int
+  %1 = torch.prim.ListConstruct %int2, %0, %int32 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  // CHECK: torch.aten.broadcast_to {{.*}} {autosp.seq = ["_", "S", "_"]}
+  %2 = torch.aten.broadcast_to %zero, %1 : !torch.vtensor<[],f64>, !torch.list<int> -> !torch.vtensor<[2,?,32],f64>
+  // CHECK: torch.aten.uniform {{.*}} {autosp.seq = ["_", "S", "_"]}
+  %3 = torch.aten.uniform %2, %float0, %float1, %none : !torch.vtensor<[2,?,32],f64>, !torch.float, !torch.float, !torch.none -> !torch.vtensor<[2,?,32],f64>
+  // CHECK: torch.aten.lt.Tensor {{.*}} {autosp.seq = ["_", "S", "_"]}
+  %4 = torch.aten.lt.Tensor %3, %keep : !torch.vtensor<[2,?,32],f64>, !torch.vtensor<[],f64> -> !torch.vtensor<[2,?,32],i1>
+  %5 = torch.aten.to.dtype %4, %int6, %false, %false, %none : !torch.vtensor<[2,?,32],i1>, !torch.int, !torch.bool, !torch.bool, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  // CHECK: torch.aten.mul.Tensor {{.*}} {autosp.seq = ["_", "S", "_"]}
+  %6 = torch.aten.mul.Tensor %5, %x : !torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32> -> !torch.vtensor<[2,?,32],f32>
+  %q = torch.aten.unsqueeze %6, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int -> !torch.vtensor<[2,1,?,32],f32>
+  %true = torch.constant.bool true
+  %7 = torch.aten.scaled_dot_product_attention %q, %q, %q, %none, %float0, %true, %none, %false : !torch.vtensor<[2,1,?,32],f32>, !torch.vtensor<[2,1,?,32],f32>, !torch.vtensor<[2,1,?,32],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,1,?,32],f32>
+  return %7 : !torch.vtensor<[2,1,?,32],f32>
+}

@@ -207,3 +207,68 @@ func.func @identity_index(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 1)> : !torch.vtensor<[2,?,1],f32>
   return %x : !torch.vtensor<[2,?,1],f32>
 }
+
+// -----
+
+// Ops along a feature dim keep every position where it is: they stay sharded, however
+// their dims are written (a list, a negative int, a cat's dim). Only the sequence dim
+// (1, or -2) would make them mix positions across ranks.
+// CHECK-LABEL: func.func @along_features
+// CHECK: %[[IDS_R:.*]] = "autosp.shard"(%{{.*}}, %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: %[[E:.*]] = torch.aten.embedding %{{.*}}, %[[IDS_R]]
+// CHECK: %[[F:.*]] = torch.aten.flip %[[E]], %{{.*}} : !torch.vtensor<[2,?,32],f32>, !torch.list<int>
+// CHECK: %[[P:.*]] = torch.aten.softmax.int %[[F]], %{{.*}}, %{{.*}} : !torch.vtensor<[2,?,32],f32>, !torch.int
+// CHECK: %[[L:.*]] = torch.prim.ListConstruct %[[E]], %[[P]]
+// CHECK: %[[C:.*]] = torch.aten.cat %[[L]], %{{.*}} : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,?,64],f32>
+// CHECK-NOT: autosp.all_reduce
+// CHECK: return %[[C]]
+func.func @along_features(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                          %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,64],f32> {
+  %int-1 = torch.constant.int -1
+  %int2 = torch.constant.int 2
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %f = torch.aten.flip %e, %dims : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %f, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %p = torch.aten.softmax.int %f, %int2, %none : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %p, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %e, %p : (!torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>) -> !torch.list<vtensor>
+  %c = torch.aten.cat %l, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,?,64],f32>
+  torch.bind_symbolic_shape %c, [%s], affine_map<()[s0] -> (2, s0, 64)> : !torch.vtensor<[2,?,64],f32>
+  return %c : !torch.vtensor<[2,?,64],f32>
+}
+
+// -----
+
+// A sum over the features without keepdim (how x.mean(-1) decomposes) often has no shape
+// binding: its result's sequence dim is the operand's, minus the reduced dims (read from
+// the schema). It stays sharded: a sum is all-reduced only when its dims name the sequence.
+// CHECK-LABEL: func.func @unbound_sum_over_features
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[SUM:.*]] = torch.aten.sum.dim_IntList %[[E]], %{{.*}} -> !torch.vtensor<[2,?],f32>
+// CHECK-NOT: autosp.all_reduce
+// CHECK: %[[M:.*]] = torch.aten.div.Scalar %[[SUM]]
+// CHECK: return %[[M]]
+func.func @unbound_sum_over_features(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                     %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?],f32> {
+  %int-1 = torch.constant.int -1
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %sum = torch.aten.sum.dim_IntList %e, %dims, %false, %none : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[2,?],f32>
+  %m = torch.aten.div.Scalar %sum, %int32 : !torch.vtensor<[2,?],f32>, !torch.int -> !torch.vtensor<[2,?],f32>
+  torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+  return %m : !torch.vtensor<[2,?],f32>
+}

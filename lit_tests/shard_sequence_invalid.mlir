@@ -141,3 +141,242 @@ func.func @gather_positions(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = 
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
   return %x : !torch.vtensor<[2,?,32],f32>
 }
+
+// -----
+
+// torch.flip's dims are a list: the sequence dim in it is found, not skipped (issue 22).
+func.func @flip_dim_list(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                        %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.flip' op works along the sequence dimension (1); each rank holds only part of it, so autosp cannot shard this op}}
+  %x = torch.aten.flip %e, %dims : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// roll(self, shifts, dims): the dims are operand 2 (read from the schema), not operand 1.
+func.func @roll_dims(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                    %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %shifts = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  %dims = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.roll' op works along the sequence dimension (1)}}
+  %x = torch.aten.roll %e, %shifts, %dims : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.list<int> -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A negative dim counts from the end: -2 of [2, S, 32] is the sequence.
+func.func @negative_dim(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                       %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{'torch.aten.softmax.int' op works along the sequence dimension (-2)}}
+  %x = torch.aten.softmax.int %e, %int-2, %none : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A dim list with a negative entry, in a list that also names a feature dim.
+func.func @flip_negative_in_list(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int-1, %int-2 : (!torch.int, !torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.flip' op works along the sequence dimension (-2)}}
+  %x = torch.aten.flip %e, %dims : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A dim that is not a constant could be the sequence: autosp cannot prove it is not.
+func.func @dim_not_constant(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                           %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %d = torch.aten.sub.int %int2, %int1 : !torch.int, !torch.int -> !torch.int
+  // expected-error@+1 {{'torch.aten.cumsum' op works along a dimension ('dim', operand 1) that is not a constant; autosp cannot prove it is not the sequence dimension}}
+  %x = torch.aten.cumsum %e, %d, %none : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A max over the sequence (keepdim) is a reduction autosp cannot split: only sums split.
+func.func @amax_over_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,1,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.amax' op reduces over the sequence dimension (1), which autosp can only split for sums}}
+  %x = torch.aten.amax %e, %dims, %true : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,32],f32>
+  return %x : !torch.vtensor<[2,1,32],f32>
+}
+
+// -----
+
+// A mean over the sequence that reaches the IR as torch.aten.mean.dim (torch.export decomposes
+// x.mean(1) into sum / S, which autosp splits) is refused, not averaged per rank.
+func.func @mean_over_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int-2 : (!torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.mean.dim' op reduces over the sequence dimension (-2), which autosp can only split for sums}}
+  %x = torch.aten.mean.dim %e, %dims, %false, %none : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[2,32],f32>
+  return %x : !torch.vtensor<[2,32],f32>
+}
+
+// -----
+
+// A dim of None means every dim, the sequence included (argmax of the flattened tensor).
+func.func @dim_none(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                   %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[],si64> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{'torch.aten.argmax' op reduces over the sequence dimension (1)}}
+  %x = torch.aten.argmax %e, %none, %false : !torch.vtensor<[2,?,32],f32>, !torch.none, !torch.bool -> !torch.vtensor<[],si64>
+  return %x : !torch.vtensor<[],si64>
+}
+
+// -----
+
+// A cat along the sequence changes its length: each rank would put its own shards side by side.
+func.func @cat_along_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %e, %e : (!torch.vtensor<[2,?,32],f32>, !torch.vtensor<[2,?,32],f32>) -> !torch.list<vtensor>
+  // expected-error@+1 {{'torch.aten.cat' op works along the sequence dimension (1)}}
+  %x = torch.aten.cat %l, %int1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0 * 2, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// A pad along the sequence has no dim argument: the length it changes (S -> S + 1) gives it away.
+func.func @pad_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                       %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-2 = torch.constant.int -2
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %int0 = torch.constant.int 0
+  %float0 = torch.constant.float 0.000000e+00
+  %pad = torch.prim.ListConstruct %int0, %int0, %int1, %int0 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.constant_pad_nd' op changes the length of the sequence (S -> S + 1)}}
+  %x = torch.aten.constant_pad_nd %e, %pad, %float0 : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.float -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0 + 1, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %x : !torch.vtensor<[2,?,32],f32>
+}

@@ -18,6 +18,7 @@ from typing import ClassVar, Union
 from torch_mlir import ir
 
 from autosp.ir import builders as b
+from autosp.ir.builders import vtensor_shape
 from autosp.ir import ops
 from autosp.ir.core import body_ops, const_int, is_none, main_func, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
@@ -50,8 +51,10 @@ class ShardSequence(ModulePass):
     2. An op whose result has a sequence dimension and that reads a parameter (directly
        or through other ops) is where sharding starts: its replicated operands are sliced.
        Parameter-free work stays replicated and is sliced where it meets sharded values.
-    3. A sum over the sequence of a sharded value becomes a local sum and an
-       ``autosp.all_reduce``; the result is replicated (a global loss on every rank).
+    3. A sum over the sequence of a sharded value (its dims, read from the IR, name the
+       sequence dim) becomes a local sum and an ``autosp.all_reduce``; the result is
+       replicated (a global loss on every rank). A mean arrives as a sum divided by a size
+       (torch.export decomposes it), so it splits too.
     4. A slice along the sequence of a sharded value whose bounds trim a constant number
        of positions from either end (``x[:, 1:]``, ``x[:, :-1]``, ``x[:, :x.size(1) - 1]``)
        narrows its window (``autosp.rewindow``). Bounds are read exactly: a constant
@@ -64,9 +67,17 @@ class ShardSequence(ModulePass):
        the sequence that is the whole range ``arange(S)`` (how ``x[..., [k], :]``
        exports) keeps every position where it is: each rank indexes its shard with
        its local range.
-    6. Any other op that would need the whole sequence (a matmul contracting it, a
-       softmax, cumsum or sort over it, a selected position, a gather over positions) is
-       diagnosed, naming the op.
+    6. Any other op that would need the whole sequence is diagnosed, naming the op: a
+       matmul contracting it, a selected position, a gather over positions, a reduction
+       over it other than a sum (``amax``, ``logsumexp``...), and any op whose schema's
+       dim arguments (``dim``, ``dims``...: read at their own operand positions, as an
+       int, a list or None, negative or not) name the sequence (``flip``, ``roll``,
+       ``cumsum``, ``softmax``, ``sort``, ``cat`` along it). A dim that is not a constant
+       is diagnosed too (it cannot be proven not to be the sequence). Ops that mix
+       positions with no dim argument (convolution, pooling, batch/group norm:
+       ``ops.MIXING_WITHOUT_DIM``) and ops that change the sequence's length (a pad
+       along it) are diagnosed as well; only layout ops (``ops.LAYOUT_DIM_OPS``:
+       permute, transpose, unsqueeze...) take the sequence dim as an argument freely.
 
     Returned sequence-sharded values stay local, or are gathered (``gather-outputs``).
     Shards may differ in length by one when P does not divide S: no padding, no
@@ -156,8 +167,9 @@ class OpClass(enum.Enum):
     SELECT = "select"  # one position: needs the whole sequence
     INDEX = "index"  # advanced indexing: the identity range along the sequence is local
     CONTRACTION = "matmul"  # mixes positions when it contracts the sequence dim
-    MIXING = "mixing along a dim"  # softmax, cumsum, sort... over their dim operand
-    POINTWISE = "token-wise"  # everything else: keeps each position's data at its position
+    POINTWISE = "token-wise"  # everything else, once Rules.check_token_wise proved it keeps
+    # each position's data at its position (no dim argument on the sequence, no convolution
+    # or pooling over it, the sequence length kept)
 
 
 def op_class(op) -> OpClass:
@@ -178,8 +190,6 @@ def op_class(op) -> OpClass:
         return OpClass.INDEX
     if name in ops.CONTRACTIONS:
         return OpClass.CONTRACTION
-    if name in ops.MIXING_ALONG_DIM:
-        return OpClass.MIXING
     return OpClass.POINTWISE
 
 
@@ -261,7 +271,7 @@ class Rules:
                 if len(dims) == 1 and v not in self.params:
                     window = self.window_of_replicated(v, dims[0])
                     if window is not None:
-                        self.check_mixing(op, kind)
+                        self.check_token_wise(op, kind, tensor_operands)
                         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
                     break
             raise DiagnosticError.at(op, "starts sequence-sharded work from an operand whose sequence size "
@@ -302,14 +312,23 @@ class Rules:
                     raise DiagnosticError.at(op, "indexes the sequence into a result autosp cannot describe")
                 return Decision(SequenceSharded(res_dims[0], window), Action.LOCAL_INDEX, index_dim=d)
         if not res_dims:
-            if kind is OpClass.SUM:
+            unknown = [r for r in op.results if _is_tensor(r) and r not in self.info.dims
+                       and None in (vtensor_shape(r.type) or ((),))[0]]
+            if unknown:
+                raise DiagnosticError.at(op, f"has a result {unknown[0].type} with a dynamic size and no shape "
+                                             "binding: autosp cannot tell whether it is the sequence")
+            self.check_contraction(op, kind)
+            along = self.sequence_dims_along(op)
+            if kind is OpClass.SUM and (along or not ops.dim_operands(op_name(op))):
+                # proven: the sum's dims name the sequence (torch.aten.sum sums every dim)
                 return Decision(REPLICATED, Action.ALL_REDUCE)
-            self.check_mixing(op, kind)
-            raise DiagnosticError.at(op, "reduces over the sequence, which autosp can only split for sums")
+            where = f" dimension ({along[0]})" if along else ""
+            raise DiagnosticError.at(op, f"reduces over the sequence{where}, which autosp can only split for sums "
+                                         "(local sums + an all-reduce)")
         if len(res_dims) > 1:
             raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
                                          "cannot shard it")
-        self.check_mixing(op, kind)
+        self.check_token_wise(op, kind, tensor_operands)
         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
 
     # ---------------------------------------------------------------- rule helpers
@@ -330,19 +349,69 @@ class Rules:
             return None
         return Window(0, -length.b)
 
-    def check_mixing(self, op, kind: OpClass) -> None:
-        """Diagnose ops that would combine positions of the sequence (rule 6)."""
+    def check_token_wise(self, op, kind: OpClass, tensor_operands: list) -> None:
+        """Diagnose an op about to be sharded that would combine positions of the sequence
+        (rule 6): a matmul contracting it, a dim argument on it, a convolution or pooling
+        over it, or a result whose sequence is longer or shorter than its operands'."""
+        self.check_contraction(op, kind)
+        along = self.sequence_dims_along(op)
+        if along:
+            raise DiagnosticError.at(op, f"works along the sequence dimension ({along[0]}); each rank holds only "
+                                         "part of it, so autosp cannot shard this op")
+        kept = ops.MIXING_WITHOUT_DIM.get(_schema_name(op))
+        mixed = [d for v in _dim_sources(op) for d in self.info.seq_dims(v) if kept is not None and d not in kept]
+        if mixed:
+            raise DiagnosticError.at(op, f"combines neighbouring positions along the sequence dimension ({mixed[0]}) "
+                                         "(a convolution, pooling or normalisation over positions); each rank holds "
+                                         "only part of it, so autosp cannot shard this op")
+        self.check_keeps_length(op, tensor_operands)
+
+    def check_contraction(self, op, kind: OpClass) -> None:
         if kind is OpClass.CONTRACTION:
             ra = self.info.dims.get(op.operands[0])
             rb = self.info.dims.get(op.operands[1])
             if (ra and ra[-1] is not None) or (rb and rb[-2 if len(rb) > 1 else 0] is not None):
                 raise DiagnosticError.at(op, "contracts the sequence dimension (a matmul over positions) outside "
                                              "recognised attention; autosp cannot shard it")
-        elif kind is OpClass.MIXING:
-            d = const_int(op.operands[1]) if len(op.operands) > 1 else None
-            if d is not None and self.info.length(op.operands[0], d) is not None:
-                raise DiagnosticError.at(op, f"works along the sequence dimension ({d}); each rank holds only "
-                                             "part of it, so autosp cannot shard this op")
+
+    def sequence_dims_along(self, op) -> list[int]:
+        """The sequence dims (as the IR writes them: ``-2`` stays ``-2``) that ``op`` works
+        along, from its schema's dim arguments (``ops.dim_operands``, at their own operand
+        positions) read against its first operand (or the tensors of a ``cat``). None or an
+        empty list (every dim, for reductions and ``roll``) counts as the sequence; a dim
+        that is not a constant is diagnosed where the operand has a sequence dim: autosp
+        cannot prove it is not the sequence."""
+        name = _schema_name(op)
+        sources = [v for v in _dim_sources(op) if self.info.seq_dims(v)]
+        if not sources or name in ops.LAYOUT_DIM_OPS:
+            return []
+        seq, rank = self.info.seq_dims(sources[0]), len(self.info.dims[sources[0]])
+        found: list[int] = []
+        for index, arg in ops.dim_operands(name):
+            if index >= len(op.operands):
+                continue
+            dims = _read_dims(op.operands[index], every_dim_if_empty=name not in ops.EMPTY_DIMS_MEAN_NONE)
+            if dims is None:
+                raise DiagnosticError.at(op, f"works along a dimension ('{arg}', operand {index}) that is not a "
+                                             "constant; autosp cannot prove it is not the sequence dimension, so "
+                                             "it cannot shard this op")
+            found += seq if dims == "all" else [d for d in dims if -rank <= d < rank and d % rank in seq]
+        return found
+
+    def check_keeps_length(self, op, tensor_operands: list) -> None:
+        """A token-wise op keeps the sequence's length: a result whose sequence is longer or
+        shorter than an operand's (a ``cat`` or ``pad`` along it, a ``repeat``) moved
+        positions. Views and broadcasts are the exception: rule 1 localises their sizes."""
+        if op_name(op) in ops.SIZE_LIST_OPS:
+            return
+        result = next(r for r in op.results if self.info.seq_dims(r))
+        out = self.info.length(result, self.info.seq_dims(result)[0])
+        for v in tensor_operands:
+            for d in self.info.seq_dims(v):
+                length = self.info.length(v, d)
+                if length != out:
+                    raise DiagnosticError.at(op, f"changes the length of the sequence ({length} -> {out}); "
+                                                 "each rank holds only part of it, so autosp cannot shard this op")
 
     def is_identity_range(self, index, source, dim: int) -> bool:
         """Is ``index`` the range ``0, 1, ..., n-1`` over the length ``n`` of ``source``'s
@@ -419,6 +488,42 @@ def _list_items(value) -> list:
 
 def _is_tensor(value) -> bool:
     return "vtensor" in str(value.type)
+
+
+def _schema_name(op) -> str:
+    """The aten name of ``op``, also for a ``torch.operator "torch.aten.X"`` torch-mlir kept opaque."""
+    name = op_name(op)
+    if name == "torch.operator" and "name" in op.attributes:
+        inner = ir.StringAttr(op.attributes["name"]).value
+        return inner if inner.startswith("torch.") else "torch." + inner
+    return name
+
+
+def _dim_sources(op) -> list:
+    """The tensors an op's dim arguments index: its operand 0, or the items of a tensor list
+    there (``torch.aten.cat``)."""
+    if not op.operands:
+        return []
+    items = _list_items(op.operands[0])
+    return [v for v in items if _is_tensor(v)] if items else [op.operands[0]]
+
+
+def _read_dims(value, every_dim_if_empty: bool = True):
+    """The dims a dim operand names: ``[d]`` for an int, its items for a list of constants
+    (a tuple arrives as a list), ``"all"`` for None (and for an empty list where that means
+    every dim); None when autosp cannot read it (not a constant)."""
+    if is_none(value):
+        return "all"
+    c = const_int(value)
+    if c is not None:
+        return [c]
+    owner = producer(value)
+    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT:
+        return None
+    items = [const_int(v) for v in owner.operands]
+    if any(d is None for d in items):
+        return None
+    return items if items or not every_dim_if_empty else "all"
 
 
 class _Rewriter:
@@ -583,6 +688,10 @@ class _Propagation:
     param_derived: set
     layouts: dict = field(default_factory=dict)  # ir.Value -> Layout (absent: Replicated)
     local_scalars: set = field(default_factory=set)  # sizes that are local lengths (not a*S + b)
+    # Replicated values computed from an all-reduced sum over the sequence -> that sum's op.
+    # Their gradient is the full one on every rank (autosp.all_reduce's backward is local),
+    # which holds only while they stay replicated up to the outputs (a global loss).
+    from_sequence_sums: dict = field(default_factory=dict)
     returned: ir.Operation | None = None  # @main's func.return, once run() has seen it
 
     def layout(self, value) -> Layout:
@@ -639,6 +748,7 @@ class _Propagation:
             self.param_derived.update(op.results)
         kind = op_class(op)
         decision = self.rules.decide(op, kind, tensor_operands, layouts, derived)
+        self.check_sequence_sums(op, tensor_operands, decision)
         result = op.results[0]
         if decision.action is Action.SHARD_OPERANDS:
             self.rewriter.shard_operands(op, decision.sharded().window, self.layouts)
@@ -646,7 +756,7 @@ class _Propagation:
             assert decision.index_dim is not None, decision  # Rules sets it with LOCAL_INDEX
             self.rewriter.localise_index(op, decision.index_dim, decision.sharded().window, self.layouts)
         elif decision.action is Action.ALL_REDUCE:
-            self.rewriter.all_reduce(op)
+            self.from_sequence_sums[self.rewriter.all_reduce(op)] = op
         elif decision.action is Action.REWINDOW:
             # Rules rewindows only a slice of a sequence-sharded operand, and gives the new window.
             source = self.layout(op.operands[0])
@@ -662,6 +772,20 @@ class _Propagation:
                 if decision.layout == HEAD_SHARDED or self.info.seq_dims(other):
                     self.layouts[other] = decision.layout
         self.check_local_scalars(op)
+
+    def check_sequence_sums(self, op, tensor_operands: list, decision: Decision) -> None:
+        """A sum over the sequence may feed replicated work (a global loss), not sharded
+        values: there each rank's gradient of the sum would hold only its own positions'
+        share, while its all-reduce's local backward needs the full one."""
+        sums = [self.from_sequence_sums[v] for v in tensor_operands if v in self.from_sequence_sums]
+        if not sums:
+            return
+        if decision.layout != REPLICATED:
+            raise DiagnosticError.at(op, f"uses a sum over the sequence ('{op_name(sums[0])}') "
+                                         "together with sequence-sharded values; each rank's gradient of that sum "
+                                         "would miss the other ranks' positions, so autosp cannot shard this op")
+        for r in op.results:
+            self.from_sequence_sums[r] = sums[0]
 
     def check_local_scalars(self, op) -> None:
         """A local length may only shape sequence-sharded results."""

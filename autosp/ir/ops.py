@@ -9,8 +9,12 @@ Example::
     >>> from autosp.ir import ops
     >>> "torch.aten.bmm" in ops.CONTRACTIONS
     True
+    >>> ops.dim_operands("torch.aten.roll")      # roll(self, shifts, dims): dims is operand 2
+    ((2, 'dims'),)
 """
 from __future__ import annotations
+
+import functools
 
 # ---------------------------------------------------------------- attention
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
@@ -49,10 +53,32 @@ BIND_SHAPE = "torch.bind_symbolic_shape"
 # ---------------------------------------------------------------- layout classes
 # Matmuls: they mix positions when they contract the sequence dim.
 CONTRACTIONS = ("torch.aten.mm", "torch.aten.bmm", "torch.aten.matmul")
-# Ops that combine the positions along their ``dim`` operand (operand 1).
-MIXING_ALONG_DIM = ("torch.aten.cumsum", "torch.aten.cumprod", "torch.aten.softmax.int", "torch.aten._softmax",
-                    "torch.aten.log_softmax.int", "torch.aten._log_softmax", "torch.aten.sort",
-                    "torch.aten.logcumsumexp", "torch.aten.flip", "torch.aten.roll")
+# Which dims an op works along is read from its schema (:func:`dim_operands`): every
+# integer argument with one of these names, wherever it sits (``roll(self, shifts, dims)``:
+# operand 2). An op that works along the sequence dim combines positions that live on
+# different ranks: autosp-shard-sequence refuses it unless a rule of its own covers it
+# (sums, slices, selects, advanced indexing).
+DIM_ARGUMENT_NAMES = ("dim", "dims", "dimension", "dim0", "dim1", "dim2", "start_dim", "end_dim")
+# Ops whose dim arguments only move dims or insert / drop size-1 ones: every position keeps
+# its data, and the shape bindings say where the sequence dim goes.
+LAYOUT_DIM_OPS = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.unsqueeze", "torch.aten.squeeze.dim",
+                  "torch.aten.squeeze.dims", "torch.aten.stack")
+# Ops for which an empty dim list means no dim (for reductions and roll it means every dim).
+EMPTY_DIMS_MEAN_NONE = ("torch.aten.flip",)
+# Ops that combine positions with no dim argument to say along which dims: name -> the
+# input dims they keep apart (they mix along every other one). Conservative: a 1-wide
+# convolution or batch norm with running statistics is refused too.
+MIXING_WITHOUT_DIM = {
+    "torch.aten.convolution": (0,), "torch.aten._convolution": (0,), "torch.aten.conv1d": (0,),
+    "torch.aten.conv2d": (0,), "torch.aten.conv3d": (0,), "torch.aten.conv_transpose1d": (0,),
+    "torch.aten.avg_pool1d": (0,), "torch.aten.avg_pool2d": (0,), "torch.aten.max_pool1d": (0,),
+    "torch.aten.max_pool2d": (0,), "torch.aten.max_pool2d_with_indices": (0,),
+    "torch.aten.adaptive_avg_pool1d": (0,), "torch.aten.adaptive_avg_pool2d": (0,),
+    "torch.aten.adaptive_max_pool1d": (0,), "torch.aten.adaptive_max_pool2d": (0,),
+    "torch.aten.batch_norm": (1,), "torch.aten.native_batch_norm": (1,), "torch.aten._native_batch_norm_legit": (1,),
+    "torch.aten._native_batch_norm_legit_functional": (1,), "torch.aten.instance_norm": (0, 1),
+    "torch.aten.group_norm": (0,), "torch.aten.native_group_norm": (0,),
+}
 # Sums: over the sequence they split into local sums + an all-reduce.
 SUM_OPS = ("torch.aten.sum.dim_IntList", "torch.aten.sum")
 # Ops whose operand 1 is a list of sizes of the result.
@@ -94,3 +120,49 @@ SIDE_EFFECT_OPS = ("func.return", "torch.overwrite.tensor.contents", "torch.prim
 def is_inplace(name: str) -> bool:
     """``torch.aten.add_.Tensor`` -> True: in-place aten ops write their first operand."""
     return name.startswith("torch.aten.") and name.split(".")[2].endswith("_")
+
+
+@functools.lru_cache(maxsize=None)
+def argument_names(name: str) -> tuple[str, ...]:
+    """The argument names of the aten op ``name``, in operand order, from its schema
+    (``torch.ops.aten.<op>.<overload>._schema``); empty for ops PyTorch does not know.
+
+    Example::
+
+        >>> argument_names("torch.aten.sum.dim_IntList")
+        ('self', 'dim', 'keepdim', 'dtype')
+    """
+    schema = _schema(name)
+    return () if schema is None else tuple(arg.name for arg in schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def dim_operands(name: str) -> tuple[tuple[int, str], ...]:
+    """``(operand index, argument name)`` of the dims the aten op ``name`` works along: its
+    schema's integer arguments named in :data:`DIM_ARGUMENT_NAMES` (``int``, ``int[]``,
+    ``int?``, ``int[]?``). Empty for ops PyTorch does not know (and for non-aten ops).
+
+    Example::
+
+        >>> dim_operands("torch.aten.topk")       # topk(self, k, dim, largest, sorted)
+        ((2, 'dim'),)
+        >>> dim_operands("torch.aten.sum.dim_IntList")
+        ((1, 'dim'),)
+    """
+    schema = _schema(name)
+    if schema is None:
+        return ()
+    return tuple((i, arg.name) for i, arg in enumerate(schema.arguments)
+                 if arg.name in DIM_ARGUMENT_NAMES and str(arg.type).replace("Optional[", "").replace("List[", "")
+                 .rstrip("]") == "int")
+
+
+def _schema(name: str):
+    parts = name.split(".")
+    if len(parts) < 3 or parts[:2] != ["torch", "aten"]:
+        return None
+    import torch  # already loaded wherever a pass runs (torch-mlir's importer needs it)
+    try:
+        return getattr(getattr(torch.ops.aten, parts[2]), ".".join(parts[3:]) or "default")._schema
+    except (AttributeError, RuntimeError):
+        return None

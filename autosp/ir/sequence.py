@@ -33,7 +33,7 @@ from torch_mlir import ir
 from autosp.ir import ops
 from autosp.ir import builders as b
 from autosp.ir.builders import vtensor_shape
-from autosp.ir.core import body_ops, const_int, main_func, op_name
+from autosp.ir.core import body_ops, const_bool, const_int, main_func, op_name, producer
 from autosp.ir.diagnostics import AutospError, DiagnosticError
 
 NOT_SEQ = "_"  # how a dimension that does not depend on S is printed in ``autosp.seq``
@@ -302,23 +302,62 @@ def analyze_sequence(module, require_attention: bool = True) -> SequenceInfo:
     return info
 
 
+def _size_list_dims(op, info: SequenceInfo, rank: int) -> list | None:
+    """The sequence dims of a result whose shape an S-dependent size list gives (a view,
+    ``broadcast_to`` or ``expand`` of operand 0, as dropout's mask is built from a 0-d
+    tensor): each entry of the list read as a size expression."""
+    if op_name(op) not in ops.SIZE_LIST_OPS or len(op.operands) < 2:
+        return None
+    owner = producer(op.operands[1])
+    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT or len(owner.operands) != rank:
+        return None
+    entries = [info.scalars.get(v) for v in owner.operands]
+    return entries if any(e is not None for e in entries) else None
+
+
 def _propagate_unbound(op, info: SequenceInfo) -> None:
     """A result without a binding inherits sequence dims from a same-rank operand (e.g. a
     keepdim reduction over features, or a layer norm's mean and rstd): only where the
-    result's dim is dynamic too."""
+    result's dim is dynamic too. A view or broadcast's result takes them from its size
+    list."""
     for result in op.results:
         if result in info.dims:
             continue
         dyn = _dynamic_dims(result.type)
         if not dyn or not any(dyn):
             continue
+        listed = _size_list_dims(op, info, len(dyn))
+        if listed is not None:
+            info.dims[result] = [e if dyn[i] else None for i, e in enumerate(listed)]
+            continue
         for operand in op.operands:
             entries = info.dims.get(operand)
+            if entries is not None and len(entries) != len(dyn):
+                entries = _reduced_entries(op, entries)  # x.mean(-1) arrives as an unbound sum
             if entries is not None and len(entries) == len(dyn):
                 inherited = [e if dyn[i] else None for i, e in enumerate(entries)]
                 if any(e is not None for e in inherited):
                     info.dims[result] = inherited
                 break
+
+
+def _reduced_entries(op, entries: list) -> list | None:
+    """The entries of ``op``'s result when ``op`` is a reduction over constant dims with
+    ``keepdim=False`` (read from its schema: ``sum.dim_IntList(self, dim, keepdim, dtype)``):
+    the operand's entries without the reduced dims; None for anything else."""
+    names = ops.argument_names(op_name(op))
+    if "dim" not in names or "keepdim" not in names or len(op.operands) != len(names):
+        return None
+    if const_bool(op.operands[names.index("keepdim")]) is not False:
+        return None
+    dim = op.operands[names.index("dim")]
+    owner = producer(dim)
+    dims = [const_int(dim)] if const_int(dim) is not None else \
+        [const_int(v) for v in owner.operands] if owner is not None and op_name(owner) == ops.LIST_CONSTRUCT else []
+    if not dims or any(d is None or not -len(entries) <= d < len(entries) for d in dims):
+        return None  # an empty list or None reduces every dim; a dim autosp cannot read
+    reduced = {d % len(entries) for d in dims if d is not None}
+    return [e for i, e in enumerate(entries) if i not in reduced]
 
 
 def annotate(module, info: SequenceInfo) -> None:
