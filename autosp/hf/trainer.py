@@ -1,0 +1,418 @@
+"""``transformers.Trainer`` (and its subclasses: TRL's ``SFTTrainer``, ``DPOTrainer``, ...) with
+autosp's sequence parallelism.
+
+Example (the script changes by one line; launch it with ``torchrun --nproc-per-node 4``)::
+
+    trainer = autosp.hf.Trainer(model=model, args=args, train_dataset=ds, sp_size=2)  # DP 2 x SP 2
+    trainer.train()
+    trainer.save_model()          # the user's model: config.json + weights, no wrapper prefix
+
+How the data contract is kept (docs/DESIGN.md §7, "Trainers are users too"):
+
+- **Data**: the Accelerator's data loaders are sharded over the data-parallel replicas only
+  (``num_processes = world / sp_size``, ``process_index = rank // sp_size``: accelerate's own
+  rule for the ranks of a ``cp``/``tp`` dimension), so every rank of an SP group gets the same
+  batch and a replica gets the batches a single device would, in the same order.
+- **Gradients**: the model is never wrapped in DDP. The Trainer's ``model_wrapped`` is a small
+  module (:class:`SequenceParallelModel`) that calls the compiled model; autosp sums the SP
+  ranks' shares and averages the replicas in one all-reduce (``sync_data_parallel``).
+- **Token counts**: SP ranks are counted as the Trainer counts tensor-parallel ranks (ranks
+  that see replicated batches, ``get_tp_size``), so ``num_items_in_batch`` is the global count
+  and the loss scale is the number of replicas. ``num_items_in_batch`` reaches the compiled
+  model as a 0-d tensor (an input, not a constant: one program for every value), and the HF
+  loss ``sum / num_items_in_batch`` is computed, exact, inside the program.
+- **Outputs**: a training call with ``labels`` runs the sequence-sharded program (the loss is
+  computed in the model, logits stay sharded). Calls whose outputs are used outside the model
+  (evaluation and prediction, a call without ``labels`` as ``compute_loss_func`` or label
+  smoothing make, TRL's ``fused_lm_head=True`` per-token log-probabilities) run a second
+  program with ``gather_outputs=True``: every rank holds the full outputs and computes the same
+  loss from them, and the gather's backward hands each rank its own positions.
+- **Saving**: ``Trainer.model`` stays the user's model (its ``config``, ``loss_type``, forward
+  signature for ``remove_unused_columns``), so ``save_model``, checkpoints and
+  ``resume_from_checkpoint`` are the Trainer's own.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import transformers
+from torch.utils import _pytree as pytree
+from transformers.utils import ModelOutput
+
+from autosp.data import data_parallel_rank
+from autosp.ir.diagnostics import AutospError
+
+# Keyword arguments of varlen (flash) attention that TRL's padding-free collator adds. Models with
+# SDPA or eager attention ignore them (their masks come from ``position_ids``); as inputs of the
+# compiled program they would only cost a compilation per value of ``max_length_*``.
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+# Options that the integration owns: it compiles the model twice (sharded and gathered outputs)
+# on the world's SP groups, and synchronises data parallelism through autosp.
+_OWNED_OPTIONS = {
+    "sp_size": "pass sp_size= to the Trainer itself",
+    "group": "the Trainer lays SP groups out over consecutive ranks of the world",
+    "gather_outputs": "the Trainer gathers outputs where they are used outside the model (evaluation, "
+                      "losses computed from logits) and keeps them sharded where the model computes the loss",
+}
+
+
+@dataclass
+class FusedLogProbsOutput(ModelOutput):
+    """What TRL's fused LM head returns for ``model(..., labels=labels, fused_lm_head=True)``
+    (``trl.trainer.utils.FusedCausalLMOutput``), computed from the gathered logits: per-token
+    fields are zero where the label is ``-100``."""
+
+    loss: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    log_sum_sq_probs: torch.Tensor | None = None
+    mean_logits: torch.Tensor | None = None
+    is_top1: torch.Tensor | None = None
+    label_mask: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+
+
+def _logits(outputs) -> torch.Tensor:
+    if isinstance(outputs, dict):
+        return outputs["logits"]
+    return outputs.logits if hasattr(outputs, "logits") else outputs[0]
+
+
+class SequenceParallelModel(torch.nn.Module):
+    """The module the Trainer trains and evaluates (its ``model_wrapped``): calls the user's model
+    compiled by autosp, sequence-sharded for training calls with ``labels`` and gathered
+    (``gather_outputs=True``) for the rest. ``parameters()`` are the user's; attributes it lacks
+    (``config``, ``generate``, ...) are the user's model's.
+
+    Example::
+
+        wrapped = SequenceParallelModel(model, sp_size=2)
+        loss = wrapped(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(30.0)).loss
+    """
+
+    def __init__(self, model: torch.nn.Module, sp_size: int, options: dict | None = None,
+                 temperature: float = 1.0):
+        super().__init__()
+        import autosp
+        self.options = dict(options or {})
+        self.sp_size = sp_size
+        self.temperature = temperature
+        self.sharded = autosp.compile(model, sp_size=sp_size, **self.options)
+        self.gathered: torch.nn.Module | None = None
+        if sp_size > 1:  # built now, on every rank together: creating its groups is collective
+            self.gathered = autosp.compile(model, sp_size=sp_size, gather_outputs=True, **self.options)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The user's model."""
+        return self.sharded.module
+
+    def _get_name(self) -> str:
+        # Trainer.compute_loss reads the class name to tell causal LMs (labels shifted) apart.
+        return self.model._get_name()
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or "sharded" not in self.__dict__.get("_modules", {}):
+                raise
+            return getattr(self._modules["sharded"].module, name)
+
+    def dp_group(self):
+        """The process group of this rank's data-parallel peers (same SP rank), or None."""
+        mesh = getattr(self.sharded, "mesh", None)
+        return None if mesh is None else mesh["dp"].get_group()
+
+    def _call_kwargs(self, kwargs: dict) -> dict:
+        impl = str(getattr(getattr(self.model, "config", None), "_attn_implementation", "") or "")
+        varlen = [k for k in _VARLEN_KWARGS if k in kwargs]
+        if varlen:
+            if "flash" in impl:
+                raise AutospError(f"attn_implementation={impl!r} with {', '.join(varlen)}: autosp compiles SDPA or "
+                                  "eager attention; load the model with attn_implementation='sdpa' (documents are "
+                                  "then separated by their position_ids)")
+            kwargs = {k: v for k, v in kwargs.items() if k not in _VARLEN_KWARGS}
+        return kwargs
+
+    def forward(self, *args, fused_lm_head: bool = False, num_items_in_batch=None, **kwargs):
+        kwargs = self._call_kwargs(kwargs)
+        if fused_lm_head:
+            return self._fused_lm_head(args, kwargs, num_items_in_batch)
+        has_labels = kwargs.get("labels") is not None or kwargs.get("shift_labels") is not None
+        if has_labels and num_items_in_batch is not None:
+            # A 0-d tensor: an input of the program (a Python number would be a constant, and
+            # every value a new compilation). The model's loss is then sum / num_items_in_batch.
+            kwargs["num_items_in_batch"] = torch.as_tensor(num_items_in_batch, dtype=torch.float32)
+        module = self.sharded if (self.training and has_labels) or self.gathered is None else self.gathered
+        return module(*args, **kwargs)
+
+    def _fused_lm_head(self, args, kwargs, num_items_in_batch) -> FusedLogProbsOutput:
+        """TRL's ``fused_lm_head=True`` protocol: per-token log-probabilities of the labels, from
+        the full (gathered) logits; every rank computes the same values."""
+        labels = kwargs.pop("labels", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if labels is None and shift_labels is None:
+            raise AutospError("fused_lm_head=True needs labels (or shift_labels)")
+        if kwargs.get("output_router_logits"):
+            raise AutospError("fused_lm_head=True with output_router_logits (an MoE load-balancing loss) is not "
+                              "supported by autosp.hf yet")
+        module = self.gathered if self.gathered is not None else self.sharded
+        logits = _logits(module(*args, **kwargs))
+        if shift_labels is None:
+            logits, targets = logits[:, :-1], labels[:, 1:]
+        else:
+            targets = shift_labels
+        logits = logits.float() / self.temperature
+        mask = targets != -100
+        log_softmax = torch.log_softmax(logits, dim=-1)
+        safe = targets.clamp(min=0).unsqueeze(-1)
+        log_probs = log_softmax.gather(-1, safe).squeeze(-1).masked_fill(~mask, 0.0)
+        probs = log_softmax.exp()
+        entropy = (-(probs * log_softmax).sum(-1)).masked_fill(~mask, 0.0)
+        with torch.no_grad():
+            log_sum_sq = torch.logsumexp(2 * log_softmax, dim=-1).masked_fill(~mask, 0.0)
+            mean_logits = logits.mean(-1).masked_fill(~mask, 0.0)
+            is_top1 = (logits.argmax(-1) == targets) & mask
+        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        loss = -log_probs.sum() / count
+        return FusedLogProbsOutput(loss=loss, log_probs=log_probs, entropy=entropy, log_sum_sq_probs=log_sum_sq,
+                                   mean_logits=mean_logits, is_top1=is_top1, label_mask=mask)
+
+
+def _check_options(options: dict) -> dict:
+    for key, why in _OWNED_OPTIONS.items():
+        if key in options:
+            raise AutospError(f"autosp_options[{key!r}]: not an option of autosp.hf.Trainer ({why})")
+    if options.get("sync_data_parallel", True) is False:
+        raise AutospError("autosp_options['sync_data_parallel']=False: autosp.hf.Trainer never wraps the model in "
+                          "DDP, so autosp must average the data-parallel replicas itself (drop the option)")
+    return dict(options)
+
+
+if TYPE_CHECKING:  # the mixin always comes first in front of a Trainer class
+    from transformers import Trainer as _TrainerBase
+else:
+    _TrainerBase = object
+
+
+class _SequenceParallelMixin(_TrainerBase):
+    """The overrides :func:`sequence_parallel` puts in front of a Trainer class."""
+
+    _autosp_sequence_parallel = True
+
+    def __init__(self, *args, sp_size: int | None = None, autosp_options: dict | None = None, **kwargs):
+        self._autosp_options = _check_options(autosp_options or {})
+        self._autosp_requested_sp = sp_size
+        self._autosp_wrapper: SequenceParallelModel | None = None
+        self._autosp_local_count = False
+        self._autosp_world = 1
+        self._autosp_sp = 1
+        super().__init__(*args, **kwargs)
+        # Resolved after the Trainer's own set-up: under torchrun, it initialises torch.distributed.
+        self._autosp_world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self._autosp_sp = self._autosp_resolve_sp()
+        self._autosp_check()
+        if self.args.activation_checkpointing:
+            # torch.utils.checkpoint inside the exported forward is the compiler's job here: the
+            # same recomputation (every layer in backward) is autosp's checkpointing="full".
+            self._autosp_options.setdefault("checkpointing", "full")
+            self.args.activation_checkpointing = False
+            warnings.warn(f"autosp.hf: activation_checkpointing=True is autosp's checkpointing="
+                          f"{self._autosp_options['checkpointing']!r} (autosp_options) for the compiled model",
+                          stacklevel=2)
+
+    # ------------------------------------------------------------------ checks
+    def _autosp_resolve_sp(self) -> int:
+        world, sp = self._autosp_world, self._autosp_requested_sp
+        sp = world if sp is None else sp
+        if not isinstance(sp, int) or sp < 1:
+            raise AutospError(f"sp_size must be a positive int, got {sp!r}")
+        if sp > 1 and world == 1:
+            raise AutospError(f"sp_size={sp} needs {sp} ranks: launch with torchrun --nproc-per-node {sp}")
+        if world % sp:
+            raise AutospError(f"sp_size={sp} does not divide the number of ranks ({world}): launch a multiple of "
+                              f"{sp} processes")
+        return sp
+
+    def _autosp_check(self) -> None:
+        """Trainer settings the integration cannot honour: an error, never a wrong answer."""
+        args = self.args
+        refuse = []
+        if args.torch_compile:
+            refuse.append("torch_compile=True (the compiled program is autosp's: pass "
+                          "autosp_options={'backend': 'inductor'} to torch.compile it)")
+        if getattr(self, "is_deepspeed_enabled", False) or args.deepspeed:
+            refuse.append("DeepSpeed (autosp shards the sequence itself; model state sharding: FSDP2 fully_shard)")
+        if getattr(self, "is_fsdp_enabled", False) or args.fsdp:
+            refuse.append("the FSDP plugin (wrap with torch's fully_shard and autosp.compile in a custom loop)")
+        if getattr(self.accelerator, "parallelism_config", None) is not None or args.parallelism_config is not None:
+            refuse.append("accelerate's ParallelismConfig (autosp lays out the dp x sp mesh itself)")
+        if args.bf16 or args.fp16:
+            refuse.append(f"{'bf16' if args.bf16 else 'fp16'}=True (mixed precision autocasts the wrapped model's forward, "
+                          "which autosp compiles: load the model in the dtype to train in and pass bf16=False, "
+                          "fp16=False)")
+        if args.n_gpu > 1:
+            refuse.append(f"nn.DataParallel over {args.n_gpu} GPUs in one process (launch one process per GPU)")
+        if refuse:
+            raise AutospError(f"autosp.hf.Trainer cannot run with {refuse[0]}")
+        if self._autosp_world > 1 and self.accelerator.num_processes != self._autosp_world:
+            raise AutospError(f"the Trainer sees {self.accelerator.num_processes} process(es) but torch.distributed has "
+                              f"{self._autosp_world} ranks: launch with torchrun (it sets RANK, WORLD_SIZE and "
+                              "LOCAL_RANK)")
+        if self.accelerator.dispatch_batches:
+            raise AutospError("dispatch_batches=True splits one batch over every process; autosp.hf.Trainer gives "
+                              "each SP group a whole batch (leave dispatch_batches unset)")
+
+    # ------------------------------------------------------------------ the accelerator's data path
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        self.accelerator.prepare_data_loader = self._autosp_prepare_data_loader
+        self.accelerator.gather_for_metrics = self._autosp_gather_for_metrics
+        # Trainer.evaluation_loop resets gather_function to the accelerator's after each loop.
+        self.gather_function = functools.partial(self._autosp_gather_for_metrics,
+                                                 use_gather_object=self.args.eval_use_gather_object)
+
+    def _autosp_data_parallel(self) -> tuple[int, int]:
+        return data_parallel_rank(self._autosp_sp) if self._autosp_world > 1 else (0, 1)
+
+    def _autosp_prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        """``Accelerator.prepare_data_loader``, sharded over the data-parallel replicas only."""
+        from accelerate.data_loader import prepare_data_loader
+        acc = self.accelerator
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            if data_loader not in acc._dataloaders:
+                acc._dataloaders.append(data_loader)
+            return data_loader
+        replica, replicas = self._autosp_data_parallel()
+        prepared = prepare_data_loader(
+            data_loader, acc.device, num_processes=replicas, process_index=replica, split_batches=acc.split_batches,
+            put_on_device=acc.device_placement if device_placement is None else device_placement,
+            rng_types=acc.rng_types.copy(), dispatch_batches=False, even_batches=acc.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=acc.use_seedable_sampler,
+            data_seed=acc.dataloader_config.data_seed, non_blocking=acc.non_blocking,
+            use_stateful_dataloader=acc.use_stateful_dataloader)
+        acc._dataloaders.append(prepared)
+        return prepared
+
+    def _autosp_gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """``Accelerator.gather_for_metrics`` over the data-parallel replicas: the ranks of an SP
+        group hold the same (gathered) values, so gathering over the world would repeat each
+        replica's predictions ``sp_size`` times. The last batch's padding samples are dropped as
+        accelerate drops them."""
+        replica, replicas = self._autosp_data_parallel()
+        group = self._autosp_model().dp_group() if replicas > 1 else None
+        leaves = pytree.tree_leaves(input_data)
+        all_tensors = bool(leaves) and all(isinstance(x, torch.Tensor) for x in leaves)
+        if use_gather_object or not all_tensors:
+            if replicas == 1:
+                data = input_data
+            else:
+                objects: list = [None] * replicas
+                dist.all_gather_object(objects, input_data, group=group)
+                data = [x for part in objects for x in part]
+        else:
+            data = pytree.tree_map(lambda t: _all_gather_rows(t, group, replicas), input_data)
+        gradient_state = self.accelerator.gradient_state
+        if gradient_state.end_of_dataloader and gradient_state.remainder > 0:
+            keep = gradient_state.remainder
+            if isinstance(data, list) and (use_gather_object or not all_tensors):
+                return data[:keep]
+            return pytree.tree_map(lambda t: t[:keep] if isinstance(t, torch.Tensor) else t, data)
+        return data
+
+    # ------------------------------------------------------------------ the model
+    def _autosp_model(self) -> SequenceParallelModel:
+        """The wrapper of the current ``self.model`` (built once per model, on every rank)."""
+        wrapper = self._autosp_wrapper
+        if wrapper is None or wrapper.model is not self.model:
+            wrapper = SequenceParallelModel(self.model, self._autosp_sp, self._autosp_options,
+                                            temperature=float(getattr(self.args, "temperature", 1.0) or 1.0))
+            self._autosp_wrapper = wrapper
+        return wrapper
+
+    def _wrap_model(self, model, training: bool = True, dataloader=None):
+        # Never DDP: autosp synchronises the gradients (SP sum and DP mean in one all-reduce).
+        return self._autosp_model()
+
+    # ------------------------------------------------------------------ counting
+    def get_tp_size(self) -> int:
+        # SP ranks see replicated batches, as tensor-parallel ranks do: the Trainer divides the
+        # gathered token count and the loss scale by this.
+        base = super().get_tp_size()
+        return base if self._autosp_local_count else base * self._autosp_sp
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        if self.args.average_tokens_across_devices:
+            return super()._get_num_items_in_batch(batch_samples, device)
+        # Not gathered: the count is this replica's already (every SP rank holds the whole batch).
+        self._autosp_local_count = True
+        try:
+            return super()._get_num_items_in_batch(batch_samples, device)
+        finally:
+            self._autosp_local_count = False
+
+    def _track_num_input_tokens(self, inputs):
+        before = self.state.num_input_tokens_seen
+        super()._track_num_input_tokens(inputs)
+        seen = self.state.num_input_tokens_seen - before
+        self.state.num_input_tokens_seen = before + seen // self._autosp_sp
+
+    def floating_point_ops(self, inputs) -> int:
+        # Each rank of an SP group does 1/sp_size of its batch's work.
+        return super().floating_point_ops(inputs) // self._autosp_sp
+
+
+def _all_gather_rows(t, group, replicas: int):
+    """Concatenate ``t`` over the group along dim 0 (0-d tensors become one row each), allowing
+    each rank its own number of rows."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.dim() == 0:
+        t = t[None]
+    if group is None or replicas == 1:
+        return t
+    rows = torch.tensor([t.shape[0]], device=t.device)
+    counts = [torch.zeros_like(rows) for _ in range(replicas)]
+    dist.all_gather(counts, rows, group=group)
+    longest = int(max(c.item() for c in counts))
+    padded = t
+    if t.shape[0] < longest:
+        padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
+    parts = [torch.empty_like(padded) for _ in range(replicas)]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([p[:int(c.item())] for p, c in zip(parts, counts)])
+
+
+def sequence_parallel(trainer_cls: type) -> type:
+    """A subclass of ``trainer_cls`` (``transformers.Trainer`` or any subclass, e.g. TRL's
+    ``SFTTrainer``) that trains the model with autosp's sequence parallelism. It takes two more
+    keyword arguments: ``sp_size`` (ranks per sequence-parallel group; default: the world) and
+    ``autosp_options`` (options of :func:`autosp.compile`, e.g. ``{"checkpointing": "sac"}``).
+
+    Example::
+
+        >>> from trl import SFTTrainer
+        >>> SPSFTTrainer = autosp.hf.sequence_parallel(SFTTrainer)
+        >>> trainer = SPSFTTrainer(model=model, args=config, train_dataset=ds, sp_size=2)
+    """
+    if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, transformers.Trainer)):
+        raise TypeError(f"sequence_parallel expects a transformers.Trainer class, got {trainer_cls!r}")
+    if getattr(trainer_cls, "_autosp_sequence_parallel", False):
+        return trainer_cls
+    name = f"SequenceParallel{trainer_cls.__name__}"
+    doc = (f"``{trainer_cls.__module__}.{trainer_cls.__qualname__}`` with autosp sequence parallelism "
+           f"(autosp.hf.sequence_parallel); extra arguments ``sp_size`` and ``autosp_options``.")
+    return type(name, (_SequenceParallelMixin, trainer_cls), {"__doc__": doc, "__module__": __name__,
+                                                             "__qualname__": name})
+
+
+Trainer: Any = sequence_parallel(transformers.Trainer)
+Trainer.__doc__ = ("``transformers.Trainer`` with autosp sequence parallelism: ``autosp.hf.Trainer(model=..., "
+                   "args=..., train_dataset=..., sp_size=2)``. See :mod:`autosp.hf.trainer`.")
