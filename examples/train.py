@@ -9,11 +9,15 @@ Synthetic tokens by default; --data takes a text file (bytes as tokens) or a tok
 .npy / .bin (uint16) array. The batch of step k is a function of (--seed, k) only: sample
 i of a step comes from its own generator seeded by (seed, step, i), and replica r takes
 samples r*B .. (r+1)*B-1 (B = --batch), so a run resumed at another world size (same
-global batch) feeds the same batches. --verify also trains the single-device model on
-rank 0 with the same batches and prints both losses each step (needs one data-parallel
-replica); with --dtype bf16 it trains an fp32 single-device model too, and asks that SP be
-as close to fp32 as one device in bf16 is (one bf16 step of slack). The exit code is
-non-zero on every rank when the check fails.
+global batch) feeds the same batches. The printed loss is the global one: with several
+replicas, the mean of their losses (the objective whose gradient the replicas average).
+--verify also trains the single-device model on rank 0 with the same batches (with several
+replicas, every replica's batch: it steps on the mean of their losses) and prints both
+losses each step; with --dtype bf16 it trains an fp32 single-device model too, and asks
+that SP be as close to fp32 as one device in bf16 is (one bf16 step of slack). The exit
+code is non-zero on every rank when the check fails. The memory column is the peak
+resident set size of each process on CPU (getrusage: everything the process holds, not
+only tensors), torch.cuda.max_memory_allocated on CUDA (the caching allocator's tensors).
 
 --pack packs whole documents into each row of --seq tokens, as pretraining does: a text
 file's documents are its paragraphs (split on blank lines; one document per line when the
@@ -45,7 +49,10 @@ a torch.save'd plain state_dict of the unsharded model (sharded or not).
 
 --dry-run trains nothing: it compiles the model on the meta device and prints a rank's
 memory plan (parameters, gradients, optimizer state, activation peak, total) against
---gpu-gib, for --world N simulated ranks (no torchrun needed; --sp defaults to N).
+--gpu-gib, for --world N simulated ranks (no torchrun needed; --sp defaults to N). A plan
+that does not fit names the flag to try next, from what dominates it: a further
+--checkpointing rung for activations, --fsdp (and ranks to shard over) for model state,
+else more ranks or a real run with --memory-budget.
 Runs on CPU (gloo) or CUDA (nccl); without torchrun it runs as a world of one.
 """
 from __future__ import annotations
@@ -70,7 +77,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import autosp  # noqa: E402
-from autosp.api import CHECKPOINTING  # noqa: E402
+from autosp import AutospError  # noqa: E402
+from autosp.api import CHECKPOINTING, parse_bytes  # noqa: E402
 from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
 
 SIZES = LLAMA_PRESETS  # tiny, small, 1b, 8b (Llama-3-8B's shape)
@@ -84,6 +92,12 @@ GiB = 1 << 30
 
 class UsageError(Exception):
     """A bad option found after the process group exists (every rank finds it alike)."""
+
+
+class BudgetError(UsageError):
+    """--memory-budget below what the compiler can plan: autosp's planner raises it at the
+    first step's compilation on every rank (each sequence-parallel group plans the same
+    shapes, and a group's first rank hands its error to the others)."""
 
 
 def parse_args(argv=None):
@@ -174,7 +188,15 @@ def _check_options(args) -> None:
         args.resume = resolve_checkpoint(args.resume)
     if args.world is not None and not args.dry_run:
         _fail("--world simulates ranks for --dry-run only; under torchrun the world is --nproc-per-node")
+    if args.memory_budget is not None:
+        try:
+            parse_bytes(args.memory_budget)
+        except AutospError as e:
+            _fail(f"--memory-budget {args.memory_budget}: {e}")
     if args.dry_run:
+        if args.memory_budget is not None:
+            _fail("--dry-run plans the --checkpointing you give; --memory-budget is planned by the compiler at "
+                  "a real run's first step: drop --dry-run (or --memory-budget)")
         for flag in ("verify", "save", "resume", "init_from", "data", "pack"):
             if getattr(args, flag):
                 _fail(f"--dry-run trains nothing: --{flag.replace('_', '-')} does not apply")
@@ -397,9 +419,17 @@ def make_packed_batch(step: int, args, vocab: int, documents: Documents | None,
 
 
 def peak_memory_mib(device) -> float:
+    """CUDA: the caching allocator's peak of tensor bytes (max_memory_allocated). CPU: the
+    process's peak resident set size (getrusage), which counts everything it maps (Python,
+    libraries, the compiler), not allocator bytes."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def memory_label(device) -> str:
+    """What :func:`peak_memory_mib` measures on ``device``, for the column and the summary."""
+    return "peak alloc" if device.type == "cuda" else "peak RSS"
 
 
 def bf16_spacing(x: float) -> float:
@@ -504,8 +534,6 @@ def main(argv=None) -> int:
     # Checked before the process group exists: every rank fails alike, nothing to clean up.
     if world % sp:
         raise SystemExit(f"--sp {sp} must divide the number of ranks ({world})")
-    if args.verify and world // sp > 1:
-        raise SystemExit("--verify compares against one single-device model: use one data-parallel replica")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
     if device.type == "cuda":
@@ -728,6 +756,61 @@ def plan_rows(est, world: int, fsdp: bool, budget_bytes: float) -> tuple[list[tu
     return rows, fits
 
 
+def next_flag(est, world: int, sp: int, fsdp: bool, checkpointing: str, budget_bytes: float,
+              sp_given: bool = False) -> str | None:
+    """What to try when a --dry-run plan does not fit (None when it fits), from the part of
+    the plan that dominates it:
+
+    * the activation peak at least the model state, and a --checkpointing rung left
+      (off -> sac -> sac-min -> full, each keeping less for backward): the next rung;
+    * else, FSDP off: --fsdp, which divides the model state by the ranks (on one rank with
+      the smallest power-of-two --world whose share fits next to the activations);
+    * else the model state dominating (FSDP on): more ranks to shard it over, the smallest
+      power-of-two multiple of --world whose share fits next to the activations;
+    * else (activations, every layer already recomputed): a real run with
+      --memory-budget (the compiler tiles the loss and MLP and offloads), or twice the
+      sequence-parallel ranks, which share each sequence.
+
+    >>> from autosp.estimate import MemoryEstimate
+    >>> est = MemoryEstimate(1024, 8, torch.float32, "off", 0, 0, activation_peak_bytes=100 * GiB,
+    ...                      param_bytes=4 * GiB, grad_bytes=4 * GiB, optimizer_bytes=8 * GiB)
+    >>> next_flag(est, 8, 8, False, "off", 80 * GiB)
+    '--checkpointing sac'
+    """
+    state = est.state_bytes(3, world) if fsdp else est.state_bytes(0, 1)
+    act = est.activation_peak_bytes
+    if state + act <= budget_bytes:
+        return None
+    rungs = ("off", "sac", "sac-min", "full")
+    rung = rungs.index(checkpointing) if checkpointing in rungs else len(rungs) - 1
+    if act >= state and rung + 1 < len(rungs):
+        return f"--checkpointing {rungs[rung + 1]}"
+    whole_state = est.state_bytes(0, 1)
+
+    def ranks_for_state(start: int) -> int | None:
+        """The smallest power-of-two multiple of ``start`` (up to 2**16 ranks) whose FSDP
+        share of the model state fits next to the activation peak."""
+        n = start
+        while n <= 1 << 16:
+            if whole_state / n + act <= budget_bytes:
+                return n
+            n *= 2
+        return None
+
+    if not fsdp:
+        if world > 1:
+            return "--fsdp"
+        n = ranks_for_state(2)
+        return f"--world {n} --fsdp" if n else f"--world {2 * world} --fsdp"
+    if state > act:
+        n = ranks_for_state(2 * world)
+        if n:
+            return f"--world {n}"
+    more_sp = f"--world {2 * world} --sp {2 * sp}" if sp_given else f"--world {2 * world}"
+    return f"--memory-budget {budget_bytes / GiB:g}GiB (a real run, not --dry-run: the compiler tiles the loss " \
+           f"and MLP and offloads to fit) or {more_sp} (twice the sequence-parallel ranks)"
+
+
 def dry_run(args, world: int) -> int:
     """--dry-run: compile on the meta device and print a rank's memory plan (no training,
     no real parameters: an 8B model is shapes only)."""
@@ -755,7 +838,7 @@ def dry_run(args, world: int) -> int:
     memory_model = MemoryModel(meta_model, sp, dtype, args.checkpointing, batch=args.batch,
                                fsdp=world if fsdp and world > 1 else 1)
     est = memory_model.estimate(args.seq)
-    rows, _ = plan_rows(est, world, fsdp, budget)
+    rows, fits = plan_rows(est, world, fsdp, budget)
     params_text = f"{n_params / 1e9:.2f}B" if n_params >= 1e8 else f"{n_params / 1e6:.2f}M"
     print(f"autosp {autosp.__version__} | dry run (meta device, nothing trained) | {name}, "
           f"{params_text} params | {world} rank(s): {world // sp} data-parallel x {sp} sequence-parallel | "
@@ -763,6 +846,9 @@ def dry_run(args, world: int) -> int:
           f"{args.dtype}, checkpointing {args.checkpointing} | planned in {time.perf_counter() - t0:.1f}s")
     width = max(len(k) for k, _ in rows)
     print("memory per rank:\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), flush=True)
+    if not fits:
+        flag = next_flag(est, world, sp, fsdp, args.checkpointing, budget, sp_given=args.sp is not None)
+        print(f"does not fit {args.gpu_gib:g} GiB: try {flag}", flush=True)
     print(f"this process's peak host memory: {peak_memory_mib(torch.device('cpu')):.0f} MiB "
           "(the model is shapes only)", flush=True)
     return 0
@@ -830,7 +916,8 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
         full_bytes = n_params * torch.empty((), dtype=dtype).element_size()
         print(f"autosp {autosp.__version__} | {world} rank(s): {dp} data-parallel x {sp} sequence-parallel | "
               f"{description}, {n_params / 1e6:.2f}M params | "
-              f"seq {args.seq}, batch {args.batch}, {args.dtype}, {device.type}", flush=True)
+              f"seq {args.seq}, batch {args.batch}, {args.dtype}, {device.type}"
+              + (f" | loss: the mean over the {dp} replicas" if dp > 1 else ""), flush=True)
         print(f"{fsdp_text} | parameter bytes per rank {int(param_bytes.max())} "
               f"({param_bytes.max() / 2**20:.2f} MiB; unsharded {full_bytes / 2**20:.2f} MiB)", flush=True)
         if args.init_from:
@@ -849,13 +936,18 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
     for step in range(start_step, args.steps):
         if args.debug_raise_on_rank == rank and step == 1:
             raise RuntimeError(f"--debug-raise-on-rank {rank}: a deliberate failure at step 2")
-        inputs: dict[str, torch.Tensor] = {}  # --pack: position_ids and labels, to every model alike
-        if args.pack:
-            ids, position_ids, labels, n_docs = make_packed_batch(step, args, vocab, documents, replica)
-            ids, inputs = ids.to(device), {"position_ids": position_ids.to(device), "labels": labels.to(device)}
-            packed_docs.append(n_docs)
-        else:
-            ids = make_batch(step, args, vocab, tokens, replica).to(device)
+        # Replica r's batch as (input_ids, extra inputs: --pack's position_ids and labels, to
+        # every model alike). This rank feeds its replica's; the references (rank 0) all of them.
+        batches: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+        for r in range(dp) if refs else (replica,):
+            if args.pack:
+                ids, position_ids, labels, n_docs = make_packed_batch(step, args, vocab, documents, r)
+                batches[r] = ids.to(device), {"position_ids": position_ids.to(device), "labels": labels.to(device)}
+                if r == replica:
+                    packed_docs.append(n_docs)
+            else:
+                batches[r] = make_batch(step, args, vocab, tokens, r).to(device), {}
+        ids, inputs = batches[replica]
         if reset_refs:  # bf16: each step's losses at the SP model's own weights (see check_bf16)
             with torch.no_grad():
                 weights = full_params(model)  # every rank: a collective under FSDP
@@ -865,28 +957,48 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
                 del weights
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model_loss(sp_model, ids, hf, **inputs)
+        try:
+            loss = model_loss(sp_model, ids, hf, **inputs)
+        except AutospError as e:  # the first call compiles: a --memory-budget too small fails here
+            if step == start_step and args.memory_budget is not None and "memory_budget" in str(e):
+                reason = re.sub(r"^rank \d+ could not compile the model for this group: (AutospError: )?", "",
+                                str(e))
+                raise BudgetError(f"the memory budget {args.memory_budget} cannot fit a step of seq {args.seq}, "
+                                  f"batch {args.batch} over {sp} sequence-parallel rank(s): {reason}") from None
+            raise
         loss.backward()
         opt.step()
         elapsed = time.perf_counter() - start
         if step == start_step and rank == 0:
             print(f"step {step + 1} includes compilation: {time.perf_counter() - t0:.1f}s", flush=True)
         step_times.append(elapsed)
+        # The global loss: every rank of a replica holds its replica's loss, so the mean over
+        # the world is the mean over the replicas (what their averaged gradients descend).
+        global_loss = loss.detach().to(torch.float64)
+        if dp > 1:
+            dist.all_reduce(global_loss)
+            global_loss /= world
         # The debug offset moves the reported SP loss only: a negative control for --verify.
-        losses.append(loss.item() + args.debug_sp_loss_offset)
+        losses.append(global_loss.item() + args.debug_sp_loss_offset)
         line = f"step {step + 1:>4}/{args.steps} | loss {losses[-1]:9.6f}"
         if args.pack:
             line += f" | {packed_docs[-1]:4d} docs"
         for name, ref in refs.items():
+            # The data-parallel objective on one device: the mean of the replicas' losses
+            # (one backward per replica's batch, each scaled by 1/dp, accumulating).
             ref_opts[name].zero_grad(set_to_none=True)
-            ref_loss = model_loss(ref, ids, hf, **inputs)
-            ref_loss.backward()
+            ref_loss = 0.0
+            for ref_ids, ref_inputs in batches.values():
+                part = model_loss(ref, ref_ids, hf, **ref_inputs)
+                (part / dp).backward()
+                ref_loss += part.item() / dp
             ref_opts[name].step()
-            ref_losses[name].append(ref_loss.item())
+            ref_losses[name].append(ref_loss)
             label = "single-device" if name == "single" else "single-device fp32"
             line += f" | {label} {ref_losses[name][-1]:9.6f} | diff {abs(losses[-1] - ref_losses[name][-1]):.1e}"
         tok_s = args.batch * args.seq * dp / elapsed
-        line += f" | {tok_s:9.0f} tok/s | {elapsed:6.2f} s/step | peak {peak_memory_mib(device):7.1f} MiB"
+        line += (f" | {tok_s:9.0f} tok/s | {elapsed:6.2f} s/step | "
+                 f"{memory_label(device)} {peak_memory_mib(device):7.1f} MiB")
         if rank == 0:
             print(line, flush=True)
         done = step + 1
@@ -921,8 +1033,10 @@ def train(args, device, distributed: bool, rank: int, world: int, sp: int) -> bo
         rows = [("steps", ran), ("tokens per step", f"{args.batch * args.seq * dp}"),
                 ("mean step time (after the first)", f"{mean:.3f} s"),
                 ("throughput", f"{args.batch * args.seq * dp / mean:.0f} tok/s"),
-                ("loss first -> last", f"{losses[0]:.4f} -> {losses[-1]:.4f}"),
-                ("peak memory per rank", ", ".join(f"{m:.0f}" for m in memory.tolist()) + " MiB")]
+                ("loss first -> last" + (f" (mean of {dp} replicas)" if dp > 1 else ""),
+                 f"{losses[0]:.4f} -> {losses[-1]:.4f}"),
+                (f"{memory_label(device)} per rank ({'torch.cuda' if device.type == 'cuda' else 'getrusage'})",
+                 ", ".join(f"{m:.0f}" for m in memory.tolist()) + " MiB")]
         if args.pack:
             n_rows = args.batch * len(packed_docs)
             rows.append(("documents packed" + (" (replica 0)" if dp > 1 else ""),

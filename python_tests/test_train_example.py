@@ -64,6 +64,13 @@ def test_bf16_verify_passes_against_an_fp32_reference():
     assert [int(row[0]) for row in table] == [1, 2, 3], out
     for _, d_sp, d_single, ulp, _, ok in table:  # the printed distances satisfy the printed rule
         assert ok == "yes" and float(d_sp) <= float(d_single) + float(ulp) + 1e-6
+    # On CPU the memory column is the process's peak RSS (getrusage), labelled so: a Python
+    # process with torch loaded holds hundreds of MiB, a tiny model's tensors a few.
+    steps = re.findall(r"^step +\d+/3 \| .*\| peak RSS +(\d+\.\d) MiB$", out, flags=re.M)
+    assert len(steps) == 3 and all(float(m) > 100 for m in steps), out
+    per_rank = re.search(r"^  peak RSS per rank \(getrusage\) +(\d+), (\d+) MiB$", out, flags=re.M)
+    assert per_rank and all(float(m) > 100 for m in per_rank.groups()), out
+    assert "peak alloc" not in out and "peak memory" not in out
 
 
 def test_failed_verify_exits_non_zero_on_both_ranks_cleanly():
@@ -102,13 +109,17 @@ def _close(a, b, rel=1e-5):
     return abs(a - b) <= rel * abs(b)
 
 
-def test_fsdp_init_from_save_and_resume_at_another_world_and_sp_size(tmp_path):
+def test_fsdp_init_from_save_and_resume_at_another_world_size_with_data_parallelism(tmp_path):
     """World 2 (SP 2, FSDP over both) starts from a plain state_dict (--init-from), verifies
-    against one device, saves at step 2 and runs to step 4; world 4 (SP 4, FSDP over four)
-    resumes from step 2 and must print the same losses at steps 3 and 4 (same weights, same
-    optimizer state, same batches). Controls: the checkpoint loaded at world 1 without
-    the optimizer state still matches at step 3 but not at step 4 (with it, both match);
-    the --init-from weights' loss differs from the default initialisation's."""
+    against one device, saves at step 2 and runs to step 4; world 4 (2 data-parallel
+    replicas x SP 2, FSDP over four, --batch 1: the same global batch of 2) resumes from
+    step 2, verifies against one device fed both replicas' batches, and must print the same
+    losses at steps 3 and 4 (same weights, same optimizer state, same batches): its printed
+    loss is the mean over the replicas, which world 1 computes from the checkpoint too.
+    Controls: replica 0's loss alone (what rank 0 holds) differs from that mean; the
+    checkpoint loaded at world 1 without the optimizer state still matches at step 3 but
+    not at step 4 (with it, both match); the --init-from weights' loss differs from the
+    default initialisation's."""
     import argparse
 
     from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
@@ -140,9 +151,10 @@ def test_fsdp_init_from_save_and_resume_at_another_world_and_sp_size(tmp_path):
     assert _close(first[1], expected), f"--init-from: first loss {first[1]} vs that of the saved weights {expected}"
     assert (ckpt / "step-000002" / ".metadata").is_file() and (ckpt / "step-000004" / ".metadata").is_file()
 
-    b = _torchrun(*common, "--sp", "4", "--resume", str(ckpt / "step-000002"), ranks=4)
+    b = _torchrun(*common, "--sp", "2", "--batch", "1", "--verify", "--resume", str(ckpt / "step-000002"), ranks=4)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-4000:]
-    assert "4 rank(s): 1 data-parallel x 4 sequence-parallel" in b.stdout and "over 4 ranks" in b.stdout
+    assert "4 rank(s): 2 data-parallel x 2 sequence-parallel" in b.stdout and "over 4 ranks" in b.stdout
+    assert "loss: the mean over the 2 replicas" in b.stdout and "VERIFY PASSED" in b.stdout, b.stdout
     assert "resumed from" in b.stdout and "at step 2" in b.stdout
     resumed = _step_losses(b.stdout)
     assert sorted(resumed) == [3, 4], b.stdout
@@ -160,6 +172,13 @@ def test_fsdp_init_from_save_and_resume_at_another_world_and_sp_size(tmp_path):
         single = {}
         for step in (2, 3):
             ids = train.make_batch(step, batches, cfg.vocab, None, 0)
+            if step == 2 and load_optimizer:
+                # World 4's replicas each took one of these two samples: its printed loss is
+                # their mean, not replica 0's (the rank-0 loss it printed before).
+                with torch.no_grad():
+                    replica = [model(ids[r:r + 1], labels=ids[r:r + 1])["loss"].item() for r in (0, 1)]
+                assert _close((replica[0] + replica[1]) / 2, resumed[3]), (replica, resumed)
+                assert not _close(replica[0], resumed[3], 1e-3), "the control needs replicas of other losses"
             opt.zero_grad()
             loss = model(ids, labels=ids)["loss"]
             loss.backward()
@@ -170,6 +189,30 @@ def test_fsdp_init_from_save_and_resume_at_another_world_and_sp_size(tmp_path):
             assert _close(single[4], first[4]), f"world 1 resume: step 4 {single[4]} vs {first[4]}"
         else:
             assert not _close(single[4], first[4], 1e-4), f"step 4 without the optimizer state: {single[4]}"
+
+
+def test_memory_budget_that_cannot_fit_is_one_line_and_a_failed_exit():
+    """--memory-budget below the planner's smallest feasible budget: one "train.py: error:"
+    line (rank 0's) with autosp's reason, no traceback from any rank, a non-zero exit."""
+    run = _torchrun("--memory-budget", "64KiB", "--steps", "1", "--seq", "16", "--layers", "1")
+    assert run.returncode != 0, run.stdout[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1, run.stderr[-4000:]
+    assert re.fullmatch(r"train\.py: error: the memory budget 64KiB cannot fit a step of seq 16, batch 2 over 2 "
+                        r"sequence-parallel rank\(s\): memory_budget \S+ KiB is below the smallest feasible "
+                        r"budget \S+ \S+ for this call \(S=16, sp_size=2\).*", errors[0]), errors[0]
+    # No rank's traceback (train.py's "rank N: failed:", torch's "[rankN]: ..."), no second copy.
+    assert "failed:" not in run.stderr and "[rank" not in run.stderr, run.stderr[-4000:]
+    assert run.stderr.count("smallest feasible budget") == 1 and "AutospError" not in run.stderr
+
+
+def test_dry_run_that_does_not_fit_names_the_flag_to_try():
+    # The tiny model's activations at --seq 1024 dwarf its model state: the next
+    # --checkpointing rung is the flag to try (next_flag's rules are tested on their own).
+    run = _python("--layers", "1", "--dry-run", "--world", "2", "--seq", "1024", "--gpu-gib", "0.001", timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-4000:]
+    assert re.search(r"^  budget --gpu-gib 0.001 +does not fit", run.stdout, flags=re.M), run.stdout
+    assert re.search(r"^does not fit 0.001 GiB: try --checkpointing sac$", run.stdout, flags=re.M), run.stdout
 
 
 def test_dry_run_plans_an_8b_shape_on_the_meta_device():
@@ -189,6 +232,7 @@ def test_dry_run_plans_an_8b_shape_on_the_meta_device():
     assert abs(gib["total"] - parts) < 0.05 and gib["activation peak"] > 1, gib
     verdict = re.search(r"budget --gpu-gib 80 +(fits|does not fit)", out).group(1)
     assert verdict == ("fits" if gib["total"] <= 80 else "does not fit"), out
+    assert ("does not fit 80 GiB: try --" in out) == (verdict == "does not fit"), out
     host = float(re.search(r"peak host memory: (\d+) MiB", out).group(1)) * 2**20
     assert host < n_params * 4 / 2, f"{host / 2**30:.1f} GiB of host memory: were the parameters allocated?"
 
@@ -207,6 +251,31 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
     assert fits and dict(rows)["total"].strip() == "26.00 GiB" and "fits" in rows[-1][1]
     rows, fits = train.plan_rows(est, 8, False, 80 * gib)  # unsharded: 138 GiB
     assert not fits and dict(rows)["total"].strip() == "138.00 GiB" and rows[-1][1].startswith("does not fit")
+    # The flag to try when a plan does not fit, from what dominates it.
+    def plan(act, state, checkpointing="off"):  # GiB of activation peak and of unsharded model state
+        return MemoryEstimate(1024, 8, torch.float32, checkpointing, 0, 0, activation_peak_bytes=act * gib,
+                              param_bytes=state * gib // 4, grad_bytes=state * gib // 4,
+                              optimizer_bytes=state * gib // 2)
+
+    def flag(est, world=8, fsdp=False, budget=80, sp=None):
+        return train.next_flag(est, world, sp or world, fsdp, est.checkpointing, budget * gib, sp_given=sp is not None)
+    assert flag(est, fsdp=True) is None  # 26 GiB fits
+    assert flag(est) == "--fsdp"  # the state (128 GiB unsharded) dominates the activations (10 GiB)
+    assert flag(plan(100, 40)) == "--checkpointing sac"  # activations dominate: keep less for backward
+    assert flag(plan(100, 40, "sac")) == "--checkpointing sac-min"
+    assert flag(plan(100, 40, "sac-min")) == "--checkpointing full"
+    assert flag(plan(100, 40, "full")) == "--fsdp"  # every layer recomputed: the state is what is left to split
+    assert flag(plan(40, 400), world=1) == "--world 16 --fsdp"  # 400 / 16 + 40 fits 80; 400 / 8 + 40 does not
+    assert flag(plan(40, 400), fsdp=True) == "--world 16"  # FSDP on over 8 ranks: more ranks to shard over
+    assert flag(plan(100, 160)) == "--fsdp"  # unsharded, the state dominates ...
+    assert flag(plan(100, 160), fsdp=True) == "--checkpointing sac"  # ... sharded (20), the activations do
+    fallback = flag(plan(100, 40, "full"), fsdp=True)  # activations, every layer recomputed, state sharded
+    assert fallback.startswith("--memory-budget 80GiB (a real run"), fallback
+    assert fallback.endswith("or --world 16 (twice the sequence-parallel ranks)"), fallback
+    assert flag(plan(100, 40, "full"), fsdp=True, sp=4).endswith("or --world 16 --sp 8 (twice the "
+                                                                 "sequence-parallel ranks)")
+    assert train.memory_label(torch.device("cuda", 0)) == "peak alloc" and train.memory_label(torch.device("cpu")) \
+        == "peak RSS"
     # FSDP by default: on for 1b and 8b at world > 1, off for tiny, small and one rank.
     for size, world, on in (("tiny", 8, False), ("small", 8, False), ("1b", 2, True), ("8b", 8, True),
                             ("8b", 1, False)):
@@ -239,6 +308,8 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
         (["--world", "8"], "--world simulates ranks for --dry-run only"),
         (["--fsdp"], "--fsdp shards over the ranks of a torchrun job"),
         (["--dry-run", "--verify"], "--dry-run trains nothing: --verify does not apply"),
+        (["--dry-run", "--memory-budget", "70GiB"], "--memory-budget is planned by the compiler at a real run's"),
+        (["--memory-budget", "lots"], "--memory-budget lots: memory_budget: cannot read 'lots' as bytes"),
     ]
     for argv, message in errors:
         with pytest.raises(SystemExit) as exc:
@@ -429,7 +500,7 @@ def test_pack_verify_run_of_a_hugging_face_directory_with_fsdp_matches_and_learn
                for step in range(4)]
     printed = [int(n) for n in re.findall(r"^step +\d+/4 \| loss +\S+ \| +(\d+) docs", out, flags=re.M)]
     assert printed == [b[3] for b in batches], (printed, out)
-    assert f"documents packed                  {sum(printed)} in 8 rows" in out, out
+    assert re.search(rf"^  documents packed +{sum(printed)} in 8 rows", out, flags=re.M), out
     ids, position_ids, labels, _ = batches[0]
     assert int((position_ids == 0).sum()) > 2, "the control needs rows holding several documents"
     with torch.no_grad():
