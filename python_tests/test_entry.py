@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from autosp.testing.distributed import run_ranks
 
@@ -36,12 +37,12 @@ class DropoutLM(torch.nn.Module):
         b, s = ids.shape
         x = self.drop(self.embed(ids))
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.drop(self.out(a.transpose(1, 2).reshape(b, s, -1)))
         logits = self.head(x)
         out = {"logits": logits}
         if labels is not None:
-            out["loss"] = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            out["loss"] = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
         return out
 
 
@@ -301,3 +302,64 @@ def test_sp_size_one_in_a_larger_world_averages_over_the_replicas(_fresh_seed):
     for rank, r in results.items():
         assert r["mean"] <= TOL, f"rank {rank}: gradients off the replicas' mean by {r['mean']:.2e}"
         assert r["own"] > 1e-3, "the control: a rank's own gradient is not the mean"
+
+
+# ----------------------------------------------------------------------------- a loss outside the model
+class _LogitsOnly(torch.nn.Module):
+    """The Llama-like model without its loss: logits [B, S, V]."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _llama()
+
+    def forward(self, ids):
+        return self.inner(ids)["logits"]
+
+
+def _outside_loss_body(rank, world, queue, seed, strategy):
+    import torch.distributed as dist
+
+    import autosp
+    from autosp.testing.parity import relative_error
+    torch.manual_seed(seed)
+    model = _LogitsOnly()
+    reference = copy.deepcopy(model)
+    sp = autosp.compile(model, sp_strategy=strategy)
+    ids = _ids(torch.Generator().manual_seed(seed + 1), seq=15)
+    # Labels shifted on the full sequence (the last position predicts nothing), as a user
+    # writes them before sharding.
+    targets = torch.cat([ids[:, 1:], torch.full((ids.shape[0], 1), -100)], dim=1)
+    count = (targets != -100).sum()
+
+    def loss_of(logits, labels):
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum") / count
+
+    result = {}
+    for name, shard in (("shard_sequence", sp.shard_sequence), ("contiguous", None)):
+        model.zero_grad(set_to_none=True)
+        logits = sp(ids)  # this rank's positions, in the module's layout
+        if shard is None:  # the negative control: a contiguous chunk, not the layout's pieces
+            lo = rank * ids.shape[1] // world
+            local = targets[:, lo:lo + logits.shape[1]]
+        else:
+            local = shard(targets)
+        loss = loss_of(logits, local)
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        reference.zero_grad(set_to_none=True)
+        expected = loss_of(reference(ids), targets)
+        expected.backward()
+        result[name] = max([relative_error(total, expected.detach())] +
+                           [relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters())])
+    result["layout"] = sp.layout.describe()
+    queue.put((rank, result))
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+def test_a_loss_outside_the_model_pairs_labels_with_shard_sequence(strategy, _fresh_seed):
+    results = run_ranks(_outside_loss_body, 2, args=(_fresh_seed % 10000, strategy), timeout=200)
+    for rank, r in results.items():
+        assert r["shard_sequence"] <= TOL, f"rank {rank} ({r['layout']}): {r['shard_sequence']:.2e}"
+    if strategy == "ring":  # zigzag: a contiguous chunk of labels meets the wrong logits
+        assert max(r["contiguous"] for r in results.values()) > 1e-3, results
