@@ -3,6 +3,7 @@
     bash bench/setup.sh                                   # once: installs the peers
     .venv/bin/python bench/sidebyside.py                  # PEERS.md's model, S=1K: step time
     .venv/bin/python bench/sidebyside.py --preset long    # tiny widths, S=1K/4K/16K: memory
+    .venv/bin/python bench/sidebyside.py --fingerprint --seqs 4096   # the input check's cost
 
 Every system trains the same Hugging Face ``LlamaForCausalLM`` (same seed, same weights,
 fp32, SDPA) on the same batch, P=2 gloo ranks on CPU with one thread each, one system
@@ -86,6 +87,68 @@ def _body(rank, world, queue, cfg, seq, systems, steps, warmup, seed):
     queue.put((rank, results))
 
 
+def _fingerprint_body(rank, world, queue, cfg, seq, steps, warmup, seed):
+    """One model compiled twice, with the per-call input check and without
+    (``check_inputs=False``), stepped in alternation (ABBA) so both see the same machine;
+    then the check alone, timed over 50 calls."""
+    import time
+    import statistics
+
+    import autosp
+    from autosp.frontend.importer import input_paths
+    from autosp.inputs import check_inputs_agree
+    from torch.utils import _pytree as pytree
+    torch.manual_seed(seed)
+    model = peers.build_llama(seed, **cfg)
+    ids = torch.randint(0, cfg["vocab"], (1, seq))
+    systems = {True: autosp.compile(model), False: autosp.compile(model, check_inputs=False)}
+
+    def step(check: bool) -> float:
+        peers._zero_grads(model)
+        peers._barrier()
+        t0 = time.perf_counter()
+        systems[check](input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        step(True), step(False)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(steps):
+        for check in ((True, False) if i % 2 == 0 else (False, True)):
+            times[check].append(step(check))
+    leaves, spec = pytree.tree_flatten(((), dict(input_ids=ids, labels=ids, use_cache=False)))
+    paths = input_paths(spec, leaves)
+    group = systems[True].sp_group
+    peers._barrier()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        check_inputs_agree(leaves, spec, paths, group, modes=(True,))
+    check_s = (time.perf_counter() - t0) / 50
+    queue.put((rank, dict(checked=statistics.median(times[True]), unchecked=statistics.median(times[False]),
+                          check_s=check_s)))
+
+
+def fingerprint_cost(cfg: dict, seqs: list[int], steps: int, warmup: int, seed: int, write: bool) -> None:
+    """The per-call input check (autosp/inputs.py) side by side with check_inputs=False."""
+    lines = ["| S | step s, checked | step s, check_inputs=False | checked / unchecked | the check alone ms | "
+             "check / step |", "|---|---|---|---|---|---|"]
+    for seq in seqs:
+        res = run_ranks(_fingerprint_body, 2, args=(cfg, seq, steps, warmup, seed), timeout=7200,
+                        collective_timeout=1800)
+        checked = max(r["checked"] for r in res.values())
+        unchecked = max(r["unchecked"] for r in res.values())
+        check = max(r["check_s"] for r in res.values())
+        lines.append(f"| {seq} | {checked:.3f} | {unchecked:.3f} | {checked / unchecked:.3f} | {check * 1e3:.2f} | "
+                     f"{check / unchecked:.2%} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    print("\n" + text)
+    if write:
+        append_section("The per-call input check (fingerprint) against check_inputs=False",
+                       f"CPU, P=2 gloo, 1 thread/rank, fp32, HF LlamaForCausalLM {cfg}, batch 1; {steps} steps of "
+                       f"each, alternating, after {warmup} warm-up; the check alone over 50 calls", text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="peers")
@@ -96,9 +159,14 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="autosp and single device only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--fingerprint", action="store_true",
+                        help="only the per-call input check's cost, against check_inputs=False")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
     cfg, seqs = preset["model"], args.seqs or preset["seqs"]
+    if args.fingerprint:
+        fingerprint_cost(cfg, seqs, args.steps, args.warmup, args.seed, not args.no_write)
+        return
     eager = ["single"] + ([] if args.no_peers else ["ulysses_ds", "ulysses_yunchang"]) + \
         ["autosp:off", "autosp:sac", "autosp:sac-min", "autosp:full"] + (["autosp:off:inductor", "autosp:sac:inductor"]
                                                       if args.inductor else [])
