@@ -188,13 +188,23 @@ def _train_sp2_body(rank, world, queue, root):
     result.update(_evaluations(trainer))
     result["eval_s"] = time.perf_counter() - t
     # Resume from the step-3 checkpoint: steps 4-6 again (weights, optimizer, schedule, RNG and data
-    # position from the checkpoint; the same Trainer, so its compiled programs are reused).
+    # position from the checkpoint; first the same Trainer, so its compiled programs are reused).
     t = time.perf_counter()
     trainer.state.log_history = []
     trainer.train(resume_from_checkpoint=os.path.join(root, "checkpoint-3"))
     result["resume_s"] = time.perf_counter() - t
     result["resumed_losses"] = _losses(trainer, after_step=3)
     result["resumed_params"] = _params(trainer.model)
+    # ... and in a new Trainer around a new model whose weights differ (as a new process
+    # starts): everything must come from the checkpoint.
+    fresh = _model()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(torch.randn_like(p))
+    again = _recording(autosp.hf.Trainer)(model=fresh, args=_args(root), train_dataset=_dataset(), sp_size=2)
+    again.train(resume_from_checkpoint=os.path.join(root, "checkpoint-3"))
+    result["fresh_resumed_losses"] = _losses(again, after_step=3)
+    result["fresh_resumed_params"] = _params(again.model)
     queue.put((rank, result))
 
 
@@ -214,6 +224,8 @@ def test_trainer_sp2_matches_single_process(reference, tmp_path):
         # resume from step 3 reproduces steps 4-6 and the final weights
         assert _rel(r["resumed_losses"], r["losses"][3:]) <= 1e-6, (r["resumed_losses"], r["losses"][3:])
         assert _rel_l2(r["resumed_params"], r["params"]) <= 1e-6
+        assert _rel(r["fresh_resumed_losses"], r["losses"][3:]) <= 1e-6, (r["fresh_resumed_losses"], r["losses"][3:])
+        assert _rel_l2(r["fresh_resumed_params"], r["params"]) <= 1e-6
     # save_model: the user's model (config and weights, no wrapper prefix)
     final = tmp_path / "final"
     assert (final / "config.json").exists()
