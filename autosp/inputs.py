@@ -69,7 +69,7 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     flat = t.detach().reshape(-1)
     sums = torch.zeros(_CONTENT, dtype=torch.int64, device=t.device)
     for start in range(0, flat.numel(), _CHUNK):
-        w = torch.remainder(_words(flat[start:start + _CHUNK]), _P)
+        w = torch.remainder(_words(flat.narrow(0, start, min(_CHUNK, flat.numel() - start))), _P)
         i = torch.arange(start + 1, start + w.numel() + 1, device=w.device, dtype=torch.int64)
         i2 = torch.remainder(i * i, _P)
         part = torch.stack([w.sum(), torch.remainder(w * i, _P).sum(), torch.remainder(w * i2, _P).sum()])
