@@ -7,8 +7,11 @@ passes, same checkpoint plan), then runs one forward and backward on **meta tens
 measurements (:mod:`autosp.memory`): bytes saved for backward, and peak live bytes. So a
 Llama-3-8B at a million tokens is estimated in seconds on a laptop.
 
-Attention is costed as a fused (flash) kernel: it keeps its inputs, output and
-log-sum-exp, never the S x S scores (PyTorch's CUDA and CPU kernels both do this). Model
+Attention is costed on the kernels of the target ``device``: ``"cpu"`` (the fused CPU flash
+kernel) or ``"cuda"``, where every attention call runs the CUDA kernel the runtime names
+for it (flash, varlen flash, memory-efficient; :mod:`autosp.runtime.kernels`) through that
+kernel's meta implementation. Both keep their inputs, output and log-sum-exp, never the
+S x S scores. Model
 state is added analytically: parameters and gradients in the training dtype, and AdamW's
 fp32 moments (plus an fp32 master copy when training in 16 bits), optionally sharded
 ZeRO-style over ``state_shards`` ranks.
@@ -36,6 +39,7 @@ GiB = 1 << 30
 # The optimizers whose state the memory model counts on the device ("host-adamw": none,
 # autosp.runtime.host_optimizer.HostAdamW keeps it in host memory).
 OPTIMIZERS = ("adamw", "host-adamw", "sgd", "none")
+DEVICES = ("cpu", "cuda")  # the kernels a program is costed on (autosp.runtime.kernels.target)
 
 
 @dataclass
@@ -110,21 +114,6 @@ def _meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
     return model.to(dtype) if dtype is not None else model
 
 
-def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """SDPA as a fused kernel (what CUDA and CPU run): saves output and log-sum-exp only.
-    With GQA the kernel reads each shared KV head (CPU's and CUDA's flash kernels do), so the
-    repeated keys and values are not materialised (the kernel's own workspace is not counted)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-
-
-def _use_flash_attention(gm: torch.fx.GraphModule) -> None:
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.scaled_dot_product_attention.default:
-            node.target = _flash_sdpa
-    gm.recompile()
-
-
 def _loss_of(out):
     if isinstance(out, dict) and "loss" in out:
         return out["loss"]
@@ -143,7 +132,8 @@ class MemoryModel:
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype | None = torch.bfloat16,
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
-                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: dict | None = None):
+                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: dict | None = None,
+                 device: str = "cpu"):
         from autosp.api import CHECKPOINTING, emit_program, module_layout, transform
         from autosp.backend.checkpointing import checkpointed_module, has_plan
         from autosp.runtime import collectives
@@ -152,6 +142,9 @@ class MemoryModel:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {optimizer!r}")
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
+        self.device = device
         self.model = _meta_model(model_or_config, dtype)
         self.dtype = dtype or next(self.model.parameters()).dtype
         self.sp_size, self.checkpointing, self.batch, self.rank = sp_size, checkpointing, batch, rank
@@ -168,7 +161,6 @@ class MemoryModel:
             self.program = emit_program(self.model, transformed, checkpointing=checkpointing)
         # The mesh the compiler chose (ring attention's sub-groups are simulated with it).
         self.layout = module_layout(transformed.module) if sp_size > 1 else None
-        _use_flash_attention(self.program.graph_module)
         gm = self.program.graph_module
         self.fsdp = fsdp
         if fsdp > 1:
@@ -217,20 +209,24 @@ class MemoryModel:
             optimizer_bytes = n * 4 if size < 4 else 0
         return param_bytes, grad_bytes, optimizer_bytes
 
-    def estimate(self, seq_len: int) -> MemoryEstimate:
+    def estimate(self, seq_len: int, watch=None) -> MemoryEstimate:
         """Run one step on meta tensors at ``seq_len`` as the simulated rank; without a
         rank, as the first and the last rank (the edges of the sequence: the last one also
-        narrows the shifted logits), keeping each field's larger value."""
+        narrows the shifted logits), keeping each field's larger value. ``watch(rank)``,
+        if given, returns a context manager entered around each rank's step, inside the
+        memory counters (the fake-CUDA harness records ops and collectives with it)."""
         ranks = [self.rank] if self.rank is not None else sorted({0, self.sp_size - 1})
-        found = [self._estimate(seq_len, r) for r in ranks]
+        found = [self._estimate(seq_len, r, watch) for r in ranks]
         best = max(found, key=lambda e: e.peak_bytes)
         best.saved_bytes = max(e.saved_bytes for e in found)
         best.activation_peak_bytes = max(e.activation_peak_bytes for e in found)
         best.seconds = sum(e.seconds for e in found)
         return best
 
-    def _estimate(self, seq_len: int, rank: int) -> MemoryEstimate:
-        from autosp.runtime import collectives
+    def _estimate(self, seq_len: int, rank: int, watch=None) -> MemoryEstimate:
+        import contextlib
+
+        from autosp.runtime import collectives, kernels
         start = time.perf_counter()
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
         call = self.call(seq_len) if self.call is not None else ((ids,), self._kwargs(ids))
@@ -244,7 +240,8 @@ class MemoryModel:
         hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.set_aside_tensor(p.grad))
                  for p in params if p.requires_grad]
         try:
-            with collectives.simulate(self.sp_size, rank, self.layout), tracker:
+            with collectives.simulate(self.sp_size, rank, self.layout), kernels.target(self.device), tracker, \
+                    (watch(rank) if watch is not None else contextlib.nullcontext()):
                 with SavedTensors(list(self.model.parameters())) as saved:
                     loss = _loss_of(self.program(self.model, leaves))
                 loss.backward()
@@ -264,7 +261,7 @@ class MemoryModel:
 def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                     checkpointing: str = "off", batch: int = 1, rank: int | None = None,
                     fsdp: int = 1, sp_strategy: str = "ulysses", ulysses_degree: int | None = None,
-                    ring_degree: int | None = None) -> MemoryEstimate:
+                    ring_degree: int | None = None, device: str = "cpu") -> MemoryEstimate:
     """Per-rank memory of one training step of ``autosp.compile(model, checkpointing=...)``
     over ``sp_size`` ranks at ``seq_len`` tokens (see the module docstring).
 
@@ -278,22 +275,26 @@ def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torc
     optimizer state divided by ``fsdp`` in :meth:`MemoryEstimate.state_bytes`.
     ``sp_strategy``, ``ulysses_degree``, ``ring_degree``: the mesh, as for
     :func:`autosp.compile` (default Ulysses; ``"auto"`` chooses as the compiler does).
+    ``device``: the kernels to cost, ``"cpu"`` or ``"cuda"`` (the target GPU's; no GPU needed).
     """
     mesh = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree)
     return MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch, rank, fsdp=fsdp,
-                       mesh=mesh).estimate(seq_len)
+                       mesh=mesh, device=device).estimate(seq_len)
 
 
 def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                 checkpointing: str = "off", zero_stage: int = 3, state_shards: int | None = None,
-                granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False, fsdp: int = 1) -> int:
+                granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False, fsdp: int = 1,
+                device: str = "cpu", mesh: dict | None = None, inputs=None) -> int:
     """The longest sequence (a multiple of ``granularity``) whose step fits in
     ``budget_bytes`` per rank: model state plus the activation peak. With ``fsdp`` > 1
     the step is the one the runtime executes with FSDP2 over ``fsdp`` ranks (see
     :func:`estimate_memory`); otherwise the state is counted as ZeRO ``zero_stage`` over
     ``state_shards`` ranks (default ``sp_size``) on top of an unsharded step. Binary search
-    over :meth:`MemoryModel.estimate`; 0 when not even ``granularity`` tokens fit."""
-    model = MemoryModel(model_or_config, sp_size, dtype, checkpointing, fsdp=fsdp)
+    over :meth:`MemoryModel.estimate`; 0 when not even ``granularity`` tokens fit.
+    ``device``, ``mesh``, ``inputs``: as for :class:`MemoryModel`."""
+    model = MemoryModel(model_or_config, sp_size, dtype, checkpointing, fsdp=fsdp, device=device, mesh=mesh,
+                        inputs=inputs)
     shards = state_shards or sp_size
     if fsdp > 1:
         zero_stage, shards = 3, fsdp

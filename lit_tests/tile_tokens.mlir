@@ -55,6 +55,34 @@ func.func @mlp(%x: !torch.vtensor<[2,?,64],f32>, %w1: !torch.vtensor<[64,256],f3
 
 // -----
 
+// A rank's shard (from autosp.shard) and the whole sequence (a key padding mask, an
+// argument) both print as [1, ?]: the mask's cast between the shard's ops is on another
+// sequence extent, so it is not part of the run (chunks of the shard cannot cut the
+// whole mask), and the projection on the shard is still tiled.
+// CHECK-LABEL: func.func @shard_and_whole_sequence
+// CHECK:       "autosp.shard"
+// CHECK-NEXT:  torch.aten.to.dtype %arg1, %int11, %false, %false, %none {autosp.region = 0 : i64, autosp.segment = 1 : i64} :
+// CHECK:       torch.aten.view %{{.*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK-NEXT:  torch.aten.mm %{{.*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+func.func @shard_and_whole_sequence(%x: !torch.vtensor<[1,?,64],f32>, %mask: !torch.vtensor<[1,?],si64>, %w: !torch.vtensor<[64,64],f32>, %s: !torch.int) -> (!torch.vtensor<[1,?,64],f32>, !torch.vtensor<[1,?],i1>) {
+  %int1 = torch.constant.int 1
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %int11 = torch.constant.int 11
+  %int64 = torch.constant.int 64
+  %intm1 = torch.constant.int -1
+  %xs = "autosp.shard"(%x, %s) {autosp.region = 0 : i64, autosp.segment = 1 : i64, dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64} : (!torch.vtensor<[1,?,64],f32>, !torch.int) -> !torch.vtensor<[1,?,64],f32>
+  %m = torch.aten.to.dtype %mask, %int11, %false, %false, %none {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[1,?],si64>, !torch.int, !torch.bool, !torch.bool, !torch.none -> !torch.vtensor<[1,?],i1>
+  %l = torch.prim.ListConstruct %intm1, %int64 : (!torch.int, !torch.int) -> !torch.list<int>
+  %v = torch.aten.view %xs, %l {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[1,?,64],f32>, !torch.list<int> -> !torch.vtensor<[?,64],f32>
+  %y = torch.aten.mm %v, %w {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[?,64],f32>, !torch.vtensor<[64,64],f32> -> !torch.vtensor<[?,64],f32>
+  %l3 = torch.prim.ListConstruct %int1, %intm1, %int64 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %y3 = torch.aten.view %y, %l3 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[?,64],f32>, !torch.list<int> -> !torch.vtensor<[1,?,64],f32>
+  return %y3, %m : !torch.vtensor<[1,?,64],f32>, !torch.vtensor<[1,?],i1>
+}
+
+// -----
+
 // Views whose size lists already infer one size (-1, the batch) and take the sequence
 // from torch.aten.size.int: the sequence size cannot also become -1, so it is rewritten to
 // the size of the view's own input along its sequence dim (a new size.int, marked with

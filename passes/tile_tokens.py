@@ -22,7 +22,14 @@ types (the sequence is the one dynamic dim ``?``; the dims before it are the bat
 * ops on weights alone (no ``?``: permutes, casts) whose other operands are constants.
 
 A run is tiled when it contains a matmul and its inputs and outputs with ``?`` all have
-the same batch dims (so one set of sequence chunks cuts them all). Its ops get
+the same batch dims and the same **sequence extent** (so one set of sequence chunks cuts
+them all). ``?`` is a rank's shard in some values and the whole sequence in others (a key
+padding mask, the position ids): :func:`sequence_extents` tells them apart from where each
+value comes from (an ``autosp.shard`` or an all-to-all that scatters the sequence gives a
+shard; a function argument or a gather gives the whole sequence; ops that keep each
+position's place pass it on; anything else gets an extent of its own, equal to no other).
+Ops of two extents interleaved in one segment form two runs; runs whose ops interleave
+are not both tiled (their chunks could not be split apart). Its ops get
 ``autosp.tile = <run id>`` and ``autosp.tiles = N``; the backend runs the run as
 :func:`autosp.runtime.tiling.tiled_call`. Nothing random (dropout) and nothing that mixes
 positions (attention, cumsum, arange, sequence slices) is ever part of a run.
@@ -189,11 +196,54 @@ class TileTokens(ModulePass):
         tile_tokens(module, self.tiles)
 
 
-def _runs(func) -> list[list]:
-    """Maximal runs of row-wise ops of one segment (transparent ops skipped)."""
+FULL = "whole sequence"
+# Ops whose results keep the length of their operands' sequence dim (besides row_wise ones).
+_KEEP_LENGTH = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.unsqueeze", "torch.aten.squeeze.dim",
+                "torch.aten.embedding", "torch.aten.contiguous", "torch.aten.clone", "autosp.ring_attention")
+
+
+def sequence_extents(func) -> dict:
+    """For each value of ``func`` with a dynamic (sequence) dim, what that dim spans: a
+    rank's shard (``("shard", lo, trim)``: the window of ``autosp.shard``), :data:`FULL`,
+    or an extent of its own (an ``object()`` equal to nothing else) where the IR does not
+    prove it. See the module docstring."""
+    extents: dict = {}
+    for arg in func.arguments:
+        if _prefix(arg) is not None:
+            extents[arg] = FULL
+    for op in body_ops(func):
+        name = op_name(op)
+        seq_results = [r for r in op.results if _prefix(r) is not None]
+        if not seq_results:
+            continue
+        attrs = op.attributes
+        found: object
+        if name == "autosp.shard":
+            found = ("shard", attrs["lo"].value, attrs["trim"].value)
+        elif name == "autosp.all_to_all":
+            seq, split, concat = (attrs[a].value for a in ("seq_dim", "split_dim", "concat_dim"))
+            found = ("shard", 0, 0) if seq == split else FULL if seq == concat else object()
+        elif name == "autosp.all_gather":
+            found = FULL
+        else:
+            known = {extents.get(v) for v in op.operands if _prefix(v) is not None}
+            keeps = name in _KEEP_LENGTH or row_wise(op) is None
+            found = known.pop() if keeps and len(known) == 1 and None not in known else object()
+        for r in seq_results:
+            extents[r] = found
+    return extents
+
+
+def _runs(func, extents: dict | None = None) -> list[list]:
+    """Maximal runs of row-wise ops of one segment (transparent ops skipped), one per
+    sequence extent: ops on the whole sequence (a mask's cast) interleaved with ops on a
+    shard form two runs, not one. An op without the sequence (on weights) joins the run
+    the op before it joined."""
     runs: list[list] = []
-    current: list = []
+    open_runs: dict = {}  # extent -> the run being built (None: not yet known)
+    last = None
     key = None
+    extents = sequence_extents(func) if extents is None else extents
     for op in body_ops(func):
         name = op_name(op)
         if name.startswith(_TRANSPARENT):
@@ -202,16 +252,19 @@ def _runs(func) -> list[list]:
         if key is not None and segment != key and _on_weights(op):
             continue  # a weight op the checkpoint plan put in another segment: an input of the run
         reason = row_wise(op) if segment is not None else "not in a checkpoint segment"
+        seq = [extents.get(r) for r in _tensors(op.results) if _prefix(r) is not None]
+        extent = seq[0] if seq else last
         if reason is None and segment == key:
-            current.append(op)
+            if extent not in open_runs and None in open_runs:
+                open_runs[extent] = open_runs.pop(None)
+            open_runs.setdefault(extent, []).append(op)
+            last = extent
             continue
-        if current:
-            runs.append(current)
-        current, key = ([op], segment) if reason is None else ([], None)
+        runs.extend(r for r in open_runs.values() if r)
+        open_runs, last, key = ({extent: [op]}, extent, segment) if reason is None else ({}, None, None)
         if reason is not None:
             _log.debug("autosp-tile-tokens: %s ends a run: %s", name, reason)
-    if current:
-        runs.append(current)
+    runs.extend(r for r in open_runs.values() if r)
     return runs
 
 
@@ -231,10 +284,12 @@ def _boundary(run) -> tuple[list, list]:
     return reads, outs
 
 
-def _one_layout(run) -> bool:
+def _one_layout(run, extents: dict) -> bool:
+    """The run's inputs and outputs with the sequence share one batch prefix and one
+    sequence extent."""
     reads, outs = _boundary(run)
-    prefixes = {_prefix(v) for v in reads + outs if _prefix(v) is not None}
-    return len(prefixes) == 1 and any(_prefix(v) is not None for v in outs)
+    layouts = {(_prefix(v), extents.get(v)) for v in reads + outs if _prefix(v) is not None}
+    return len(layouts) == 1 and any(_prefix(v) is not None for v in outs)
 
 
 def tile_tokens(module, tiles: int) -> int:
@@ -242,16 +297,25 @@ def tile_tokens(module, tiles: int) -> int:
     if tiles <= 1:
         return 0
     func = main_func(module)
+    extents = sequence_extents(func)
+    position = {op.operation: i for i, op in enumerate(body_ops(func))}
+    spans: list[tuple[int, int]] = []  # the tiled runs' first and last op
     count = 0
-    for whole in _runs(func):
+    for whole in _runs(func, extents):
         # The longest leading part of the run whose inputs and outputs share one token
         # layout (a run that ends in the head returns merged [B*S, H] rows too).
-        run = next((whole[:n] for n in range(len(whole), 0, -1) if _one_layout(whole[:n])), None)
+        run = next((whole[:n] for n in range(len(whole), 0, -1) if _one_layout(whole[:n], extents)), None)
         if run is None or not any(op_name(op) in _MATMULS for op in run):
             if any(op_name(op) in _MATMULS for op in whole):
                 _log.info("autosp-tile-tokens: a run at %s is not tiled: its inputs and outputs do not share one "
                           "token layout", whole[0].location)
             continue
+        span = (position[run[0].operation], position[run[-1].operation])
+        if any(lo <= span[1] and span[0] <= hi for lo, hi in spans):
+            _log.info("autosp-tile-tokens: a run at %s is not tiled: its ops interleave with a tiled run's",
+                      run[0].location)
+            continue
+        spans.append(span)
         with func.context:
             for op in run:
                 op.attributes[TILE_ATTR] = b.i64(count)

@@ -6,7 +6,9 @@ autograd differentiates it. Constants and lists become Python values; integers t
 encode dtypes, layouts or memory formats are converted using the overload's schema;
 ``autosp.*`` ops become calls of :mod:`autosp.runtime.collectives`; an SDPA marked with a
 proven mask structure (``autosp.documents``, ``autosp.window``, ``autosp.key_padding``,
-``autosp.empty_rows``) calls the matching kernel of :mod:`autosp.runtime.attention`.
+``autosp.empty_rows``) calls the matching kernel of :mod:`autosp.runtime.attention`, and
+every other SDPA calls :func:`autosp.runtime.attention.sdpa` (``F.scaled_dot_product_attention``
+on CPU; on CUDA a kernel named explicitly, never the math one).
 
 Example::
 
@@ -271,6 +273,8 @@ class _Emitter:
             target = attention.key_padded_causal_attention
         elif name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes:  # a kept mask from fused eager attention
             target = attention.masked_attention
+        elif name == SDPA_OP:  # the kernel named per device (CUDA: never the math kernel)
+            target = attention.sdpa
         if name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes and DOCUMENTS_ATTR not in op.attributes:
             kwargs["empty_rows"] = _attr_value(op.attributes[EMPTY_ROWS_ATTR])
         node = self.graph.call_function(target, tuple(args), kwargs)

@@ -10,8 +10,9 @@ grow linearly in S. Where S <= window the window excludes nothing: plain causal 
 
 :func:`key_padded_causal_attention` is causal attention with a [B, 1, 1, S] key padding
 mask (transformers' causal + padding mask, which it builds as [B, 1, S, S]): on CPU one
-fused kernel call with ``is_causal`` and the broadcast mask, O(S) bytes. (On CUDA the
-padding is combined with an S x S causal bias: correct, not yet memory-saving.)
+fused kernel call with ``is_causal`` and the broadcast mask, O(S) bytes. On CUDA the
+visible tokens of each row are packed and run through the varlen flash kernel in one
+launch (left and right padding: each row's visible keys are one run), O(S) bytes.
 
 :func:`document_attention` is causal attention (or a causal sliding window) within
 documents: query ``i`` of row ``b`` sees key ``j`` only if ``docs[b, i] == docs[b, j]``
@@ -19,7 +20,13 @@ documents: query ``i`` of row ``b`` sees key ``j`` only if ``docs[b, i] == docs[
 ``position_ids``). Each document runs on its own as a fused causal kernel over its slice
 of the sequence (variable-length attention, as flash attention's ``cu_seqlens`` does), so
 neither the forward nor the backward ever holds more than one document's outputs and
-log-sum-exp: O(S) bytes.
+log-sum-exp: O(S) bytes. On CUDA every document of every row is one run of the varlen
+flash kernel: one launch per call.
+
+**CUDA.** Every CUDA call names its kernel (:mod:`autosp.runtime.kernels`): flash, the
+varlen flash kernel, or the memory-efficient kernel with a broadcast (stride-0) mask; the
+S x S scores are never built. Where a kernel refuses the inputs (dtype, head dim, a
+padding pattern it cannot express) the call falls back and warns once with the cost.
 
 Example::
 
@@ -32,6 +39,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autosp.runtime import kernels
+from autosp.runtime.kernels import has_values, on_cuda
+
 
 def _band(rows: int, cols: int, offset: int, window: int, like: torch.Tensor) -> torch.Tensor:
     """Additive mask [rows, cols]: 0 where query ``offset + i`` may see key ``j``
@@ -41,7 +51,24 @@ def _band(rows: int, cols: int, offset: int, window: int, like: torch.Tensor) ->
     return torch.where(allowed, 0.0, float("-inf")).to(like.dtype)
 
 
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` as compiled programs call it: on CPU exactly that
+    (on meta, the fused CPU kernel the memory model costs); on CUDA the kernel named by
+    :func:`autosp.runtime.kernels.dense` (flash; with a mask the efficient kernel)."""
+    if on_cuda(query):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernels take an additive mask
+            attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+        return kernels.dense(query, key, value, causal=is_causal, scale=scale, bias=attn_mask, dropout_p=dropout_p)
+    if query.device.type == "meta":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
 def _attend(q, k, v, mask, scale, enable_gqa, causal: bool = False):
+    if on_cuda(q):
+        return kernels.dense(q, k, v, causal=causal, scale=scale, bias=mask)
     if q.device.type in ("cpu", "meta"):
         # The fused CPU kernel: keeps the output and log-sum-exp for backward, not the scores;
         # with GQA it reads each shared KV head (no repeated copies).
@@ -63,8 +90,8 @@ def masked_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     mask row is all False gets what fused eager attention gave it: ``empty_rows="mean"``
     (``scores.masked_fill(~mask, finfo.min)``: uniform over every key, no gradient to the
     scores) rather than SDPA's zeros."""
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    out = sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+               enable_gqa=enable_gqa)
     if empty_rows is None or attn_mask is None:
         return out
     empty = ~attn_mask.any(dim=-1, keepdim=True)
@@ -95,7 +122,7 @@ def _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
     only) or "uniform" (additive mask: the same value, gradient through the scores)."""
     if empty_rows not in ("mean", "uniform"):
         raise ValueError(f"empty_rows must be None, 'mean' or 'uniform', got {empty_rows!r}")
-    if out.device.type != "meta" and not bool(empty.any()):
+    if has_values(out) and not bool(empty.any()):
         return out
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // value.shape[-3]
@@ -127,16 +154,78 @@ def key_padded_causal_attention(query, key, value, attn_mask=None, dropout_p=0.0
 
 
 def _key_padded_causal(query, key, value, attn_mask, scale, enable_gqa):
+    if on_cuda(query):
+        return _key_padded_cuda(query, key, value, attn_mask, scale, None)
     bias = _key_bias(attn_mask, query)
-    if query.device.type in ("cpu", "meta"):
-        # The fused CPU kernel takes is_causal and a broadcast mask together, and keeps
-        # the [B, 1, 1, S] mask for backward (never S x S).
-        return _attend(query, key, value, bias, scale, enable_gqa, causal=True)
-    s = query.shape[-2]
-    i = torch.arange(s, device=query.device)
-    causal = torch.where(i[None, :] <= i[:, None], 0.0, float("-inf")).to(query.dtype)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias + causal, scale=scale,
-                                          enable_gqa=enable_gqa)
+    # The fused CPU kernel takes is_causal and a broadcast mask together, and keeps
+    # the [B, 1, 1, S] mask for backward (never S x S).
+    return _attend(query, key, value, bias, scale, enable_gqa, causal=True)
+
+
+def _visible_runs(key_padding: torch.Tensor) -> list[tuple[int, int]] | None:
+    """Each row's visible keys as one run ``(start, stop)`` (``(0, 0)``: none), or None
+    when some row's visible keys are not one run (padding inside the row). One host sync;
+    without values (meta, fake) every key is visible: the trainer's all-ones mask."""
+    b, s = key_padding.shape[0], key_padding.shape[-1]
+    if not has_values(key_padding):
+        return [(0, s)] * b
+    m = key_padding.reshape(b, s)
+    rises = (m[:, 1:] & ~m[:, :-1]).sum(-1) + m[:, 0].long()
+    first = m.to(torch.int8).argmax(-1)
+    stats = torch.stack([first, m.sum(-1), rises], dim=1).tolist()
+    if any(r > 1 for _, _, r in stats):
+        return None
+    return [(a, a + n) if n else (0, 0) for a, n, _ in stats]
+
+
+def _key_padded_cuda(query, key, value, attn_mask, scale, window):
+    """Causal (or windowed) attention under a [B, 1, 1, S] key padding mask on CUDA: each
+    row's visible tokens are packed and attend causally in one varlen flash launch; the
+    queries after them (right padding) see all of them, in a second launch over the same
+    packed keys; the queries before them (left padding) see nothing (zeros, then the
+    ``empty_rows`` rule). Padding inside a row, or dtypes flash refuses, fall back to the
+    efficient kernel with the broadcast mask (warned)."""
+    b, _, s, _ = query.shape
+    runs = _visible_runs(attn_mask)
+    why = kernels.flash_ok(query)
+    trailing = runs is not None and any(0 < z < s for _, z in runs)
+    if why is None and runs is not None and window is not None and trailing:
+        why = "a sliding window with right padding (the padded queries' windows are not one varlen launch)"
+    elif why is None and runs is None:
+        why = "key padding inside a row (not only left or right padding)"
+    if why is not None:
+        kernels.fallback("key padding attention", why,
+                         "the memory-efficient kernel runs with the broadcast [B, 1, 1, S] mask (O(S) bytes; with "
+                         "GQA the keys and values are repeated per query head)" if window is None else
+                         "blocks of the efficient kernel with a band mask run instead (O(S x window) bytes)")
+        if window is not None:
+            return _sliding_window(query, key, value, attn_mask, 0.0, True, scale, False, window, cuda_fallback=True)
+        return kernels.dense(query, key, value, causal=True, scale=scale, bias=_key_bias(attn_mask, query))
+    qp, kp, vp = kernels.pack(query), kernels.pack(key), kernels.pack(value)
+    lengths = [z - a for a, z in runs]
+    dev = query.device
+    if all(n == s for n in lengths):  # no padding: the rows themselves are the runs
+        cu = kernels.cumulative(lengths, dev)
+        out = kernels.varlen(qp, kp, vp, cu, cu, s, s, causal=True, scale=scale, window=window)
+        return kernels.unpack(out, b, s)
+    idx = torch.cat([torch.arange(r * s + a, r * s + z, device=dev) for r, (a, z) in enumerate(runs)])
+    kv_k, kv_v = kp.index_select(0, idx), vp.index_select(0, idx)
+    cu = kernels.cumulative(lengths, dev)
+    longest = max(lengths)
+    out = qp.new_zeros(qp.shape)
+    if longest:
+        seen = kernels.varlen(qp.index_select(0, idx), kv_k, kv_v, cu, cu, longest, longest, causal=True,
+                              scale=scale, window=window)
+        out = out.index_copy(0, idx, seen)
+    after = [s - z if z > 0 else 0 for _, z in runs]  # right padding: queries after the row's last key
+    if any(after):
+        t_idx = torch.cat([torch.arange(r * s + z, (r + 1) * s, device=dev) for r, (_, z) in enumerate(runs)
+                           if after[r]])
+        cu_q = kernels.cumulative(after, dev)
+        late = kernels.varlen(qp.index_select(0, t_idx), kv_k, kv_v, cu_q, cu, max(after), longest, causal=False,
+                              scale=scale)
+        out = out.index_copy(0, t_idx, late)
+    return kernels.unpack(out, b, s)
 
 
 def sliding_window_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
@@ -152,13 +241,26 @@ def sliding_window_attention(query, key, value, attn_mask=None, dropout_p=0.0, i
     return _empty_rows(out, query, key, value, attn_mask, window, scale, enable_gqa, empty_rows)
 
 
-def _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
+def _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                    cuda_fallback: bool = False):
     if dropout_p != 0.0 or not is_causal:
         raise ValueError("sliding_window_attention: no dropout, is_causal=True")
     if window < 1:
         raise ValueError(f"sliding_window_attention: window must be >= 1, got {window}")
     bias = None if attn_mask is None else _key_bias(attn_mask, query)
     s = query.shape[-2]
+    if on_cuda(query) and s > window and not cuda_fallback:
+        if attn_mask is not None:  # (falls back to the blocks below where varlen cannot express it)
+            return _key_padded_cuda(query, key, value, attn_mask, scale, window)
+        why = kernels.flash_ok(query)
+        if why is None:  # every row one run of the varlen kernel, with the window
+            b = query.shape[0]
+            cu = kernels.cumulative([s] * b, query.device)
+            out = kernels.varlen(kernels.pack(query), kernels.pack(key), kernels.pack(value), cu, cu, s, s,
+                                 causal=True, scale=scale, window=window)
+            return kernels.unpack(out, b, s)
+        kernels.fallback("sliding window attention", why, "blocks of the efficient kernel with a band mask run "
+                         "instead (O(S x window) bytes)")
     if s <= window:
         if bias is not None:
             return key_padded_causal_attention(query, key, value, attn_mask, scale=scale, enable_gqa=enable_gqa)
@@ -182,9 +284,8 @@ def _causal(q, k, v, scale, enable_gqa, window):
     """Causal attention over one document (windowed when it is longer than ``window``)."""
     if window is not None and q.shape[-2] > window:
         return sliding_window_attention(q, k, v, scale=scale, enable_gqa=enable_gqa, window=window)
-    if q.device.type in ("cpu", "meta"):  # (meta: the memory model costs the fused kernel)
-        return _attend(q, k, v, None, scale, enable_gqa, causal=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+    # CPU and meta: the fused CPU kernel (the memory model costs it); CUDA: flash (kernels.dense)
+    return _attend(q, k, v, None, scale, enable_gqa, causal=True)
 
 
 def _documents(ids: torch.Tensor) -> tuple[list, bool]:
@@ -200,6 +301,34 @@ def _documents(ids: torch.Tensor) -> tuple[list, bool]:
     return [torch.nonzero(ids == u).flatten() for u in torch.unique(ids)], False
 
 
+def _documents_cuda(query, key, value, attn_mask, scale, window):
+    """Every document of every row as one run of the varlen flash kernel (one launch, two
+    host syncs for the runs), or None where that kernel cannot run it (warned)."""
+    b, _, s, _ = query.shape
+    why = kernels.flash_ok(query)
+    lengths = [s] * b  # without values (meta, fake): one document per row
+    ids = attn_mask[:, 0, 0, :].expand(b, s)
+    if why is None and has_values(ids):
+        first = torch.ones(b, 1, dtype=torch.bool, device=ids.device)
+        starts = torch.nonzero(torch.cat([first, ids[:, 1:] != ids[:, :-1]], dim=1).reshape(-1)).flatten()
+        ordered = ids.sort(dim=-1).values
+        distinct = (ordered[:, 1:] != ordered[:, :-1]).sum() + b
+        found = torch.cat([starts, distinct.view(1)]).tolist()
+        starts, distinct = found[:-1], found[-1]
+        if distinct != len(starts):
+            why = "a document whose tokens are not one run"
+        bounds = starts + [b * s]
+        lengths = [z - a for a, z in zip(bounds[:-1], bounds[1:])]
+    if why is not None:
+        kernels.fallback("document attention", why, "one attention launch per document")
+        return None
+    cu = kernels.cumulative(lengths, query.device)
+    longest = max(lengths)
+    out = kernels.varlen(kernels.pack(query), kernels.pack(key), kernels.pack(value), cu, cu, longest, longest,
+                         causal=True, scale=scale, window=window)
+    return kernels.unpack(out, b, s)
+
+
 def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
                        enable_gqa=False, *, window: int | None = None):
     """Causal attention within documents: ``attn_mask`` is a [B, 1, 1, S] (or [1, 1, 1, S])
@@ -209,8 +338,10 @@ def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     describes, in O(S) bytes (module docstring). A document need not be contiguous (its
     positions are gathered), except with a window.
 
-    On the meta device (the memory model) the ids have no values: it runs as one
-    document, which keeps the same bytes for backward as any split into documents."""
+    On CUDA every document of every row is one run of one varlen flash launch (a
+    document that is not one run, or a dtype flash refuses, falls back to one launch per
+    document, warned). On the meta device (the memory model) the ids have no values: it
+    runs as one document per row, which keeps the same bytes as any split into documents."""
     if dropout_p != 0.0 or not is_causal:
         raise ValueError("document_attention: no dropout, is_causal=True")
     if attn_mask is None or attn_mask.dim() != 4 or attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1 \
@@ -219,7 +350,11 @@ def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
                          f"{query.shape[-2]}, got {None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)}")
     if window is not None and window < 1:
         raise ValueError(f"document_attention: window must be >= 1, got {window}")
-    if query.device.type == "meta":
+    if on_cuda(query):
+        out = _documents_cuda(query, key, value, attn_mask, scale, window)
+        if out is not None:
+            return out
+    if not has_values(attn_mask):
         return _causal(query, key, value, scale, enable_gqa, window)
     ids = attn_mask[:, 0, 0, :]
     same_rows = ids.shape[0] == 1 or bool((ids == ids[:1]).all())

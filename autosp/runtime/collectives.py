@@ -34,6 +34,7 @@ This module is the bottom of the dependency graph: it imports nothing else of au
 """
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -153,17 +154,58 @@ class simulate:
         _SIMULATED.pop()
 
 
+_OBSERVERS: contextvars.ContextVar = contextvars.ContextVar("autosp_collective_observers", default=None)
+
+
+@dataclass
+class WireRecord:
+    """One tensor handed to a collective (or a ring send): what a process group sees."""
+    kind: str               # "all_to_all", "all_reduce", "all_gather", "reduce_scatter", "send", ...
+    group: str
+    shape: tuple
+    dtype: torch.dtype
+    contiguous: bool
+    bytes: int
+    backward: bool = False  # issued by the backward pass
+
+
+class observe:
+    """Context manager: every collective issued inside it (real or simulated) is appended
+    to ``records`` as a :class:`WireRecord` (the fake-CUDA harness checks them: contiguous
+    inputs, dtypes NCCL takes, bytes per step)."""
+
+    def __init__(self):
+        self.records: list[WireRecord] = []
+
+    def __enter__(self) -> "observe":
+        self._token = _OBSERVERS.set(self.records)
+        return self
+
+    def __exit__(self, *exc):
+        _OBSERVERS.reset(self._token)
+
+
+def record(kind: str, group: str, t: torch.Tensor, backward: bool = False) -> None:
+    """Note ``t`` as handed to a collective of ``kind`` over ``group`` (see :class:`observe`)."""
+    records = _OBSERVERS.get()
+    if records is not None:
+        records.append(WireRecord(kind, str(group), tuple(t.shape), t.dtype, t.is_contiguous(),
+                                  t.numel() * t.element_size(), backward))
+
+
 class _SimulatedExchange(torch.autograd.Function):
     """Shape-only stand-in for a collective: ``numel`` elements out, ``x``'s shape back."""
 
     @staticmethod
-    def forward(ctx, x, shape):
-        ctx.shape = x.shape
+    def forward(ctx, x, shape, kind="exchange", group=""):
+        ctx.shape, ctx.kind, ctx.group = x.shape, kind, group
+        record(kind, group, x)
         return x.new_empty(shape)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.new_empty(ctx.shape), None
+        record(ctx.kind, ctx.group, grad.contiguous(), backward=True)
+        return grad.new_empty(ctx.shape), None, None, None
 
 
 def register_group(name: str, group, layout: SeqLayout | None = None) -> None:
@@ -312,14 +354,18 @@ class _AllToAllSingle(torch.autograd.Function):
     def forward(ctx, send, out_splits, in_splits, group):
         ctx.splits, ctx.group = (out_splits, in_splits), group
         received = send.new_empty(sum(out_splits))
-        dist.all_to_all_single(received, send.contiguous(), out_splits, in_splits, group=group)
+        send = send.contiguous()
+        record("all_to_all", group, send)
+        dist.all_to_all_single(received, send, out_splits, in_splits, group=group)
         return received
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         sent_back = grad.new_empty(sum(in_splits))
-        dist.all_to_all_single(sent_back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        grad = grad.contiguous()
+        record("all_to_all", ctx.group, grad, backward=True)
+        dist.all_to_all_single(sent_back, grad, in_splits, out_splits, group=ctx.group)
         return sent_back, None, None, None
 
 
@@ -383,7 +429,7 @@ def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, g
         shapes.append(s)
     out_splits = [int(torch.Size(s).numel()) for s in shapes]
     if _SIMULATED:
-        received = _SimulatedExchange.apply(send, (sum(out_splits),))
+        received = _SimulatedExchange.apply(send, (sum(out_splits),), "all_to_all", group)
     elif torch.compiler.is_compiling():  # functional collectives: traceable by torch.compile
         received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
     else:  # eager: the process group's own call, without the functional wrapper's overhead
@@ -399,6 +445,7 @@ class _AllReduceLocalBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, reduce_op, group):
         from torch.distributed._functional_collectives import all_reduce as _all_reduce, wait_tensor
+        record("all_reduce", group, x.contiguous())
         if _SIMULATED:
             return x.clone()
         return wait_tensor(_all_reduce(x.contiguous(), reduce_op, _group(group)))
@@ -434,6 +481,7 @@ class _AllGatherLocalBackward(torch.autograd.Function):
             pad_shape[dim] = longest - x.shape[dim]
             padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
         gathered = [torch.empty_like(padded) for _ in held]
+        record("all_gather", group, padded.contiguous())
         if not _SIMULATED:
             dist.all_gather(gathered, padded.contiguous(), group=_group(group))
         offsets = []  # where each rank's pieces start in its own tensor
@@ -479,5 +527,6 @@ def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> tor
     if _SIMULATED:
         shape = list(x.shape)
         shape[dim % x.dim()] //= group_size(group)
-        return _SimulatedExchange.apply(x, tuple(shape))
+        return _SimulatedExchange.apply(x, tuple(shape), "reduce_scatter", group)
+    record("reduce_scatter", group, x.contiguous())
     return reduce_scatter_tensor_autograd(x.contiguous(), reduce_op, dim % x.dim(), _group(group))

@@ -42,9 +42,15 @@ yet have lse = -inf and contribute nothing).
 **Kernels.** On CPU (and on the meta device) the fused flash kernel
 ``aten._scaled_dot_product_flash_attention_for_cpu`` (which returns the log-sum-exp and
 reads shared KV heads natively) and its backward, called with the *final* merged output
-and lse, which gives each block's exact share of the gradient. Elsewhere (CUDA) a plain
-math path in the accumulation dtype (scores, masked log-sum-exp, softmax @ V; backward
-dS = P * (dP - rowsum(dO * O))); ``FORCE_MATH = True`` selects it on CPU too.
+and lse, which gives each block's exact share of the gradient. On CUDA (and on meta under
+``kernels.target("cuda")``) the same with CUDA's kernels, named explicitly
+(:mod:`autosp.runtime.kernels`): full and diagonal pairs run the flash kernel
+(``aten._scaled_dot_product_flash_attention`` and its backward; GQA native), masked pairs
+(windows, documents) the memory-efficient kernel with the pair's mask broadcast over the
+heads; dtypes or head dims a kernel refuses fall to the next one (warned once). The last
+resort is a plain math path in the accumulation dtype (scores, masked log-sum-exp,
+softmax @ V; backward dS = P * (dP - rowsum(dO * O))), for fp64 on CUDA; ``FORCE_MATH =
+True`` selects it everywhere (tests).
 
 **Memory.** Saved for backward: q, k, v (local), the output and the lse: O(L), not O(S)
 (``doc_ids``, the caller's replicated tensor, is referenced, not copied). Transient: two
@@ -76,7 +82,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from autosp.runtime import collectives
+from autosp.runtime import collectives, kernels
 
 STATS = {"sends": 0, "bytes": 0}
 """This process's ring traffic: sends posted and bytes sent (forward and backward)."""
@@ -209,8 +215,14 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _use_kernel(q: torch.Tensor) -> bool:
-    return q.device.type in ("cpu", "meta") and not FORCE_MATH
+def _use_kernel(q: torch.Tensor) -> tuple[str, str]:
+    """The kernels of (full and diagonal pairs, masked pairs): ``"cpu"`` (the fused CPU
+    kernel), a CUDA kernel name (``"flash"``, ``"efficient"``) or ``"math"``."""
+    if FORCE_MATH:
+        return "math", "math"
+    if kernels.on_cuda(q):
+        return kernels.choose_dense(q, None), kernels.choose_dense(q, True)
+    return "cpu", "cpu"
 
 
 def _math_scores(q, k, vis, diag, scale):
@@ -228,13 +240,22 @@ def _math_scores(q, k, vis, diag, scale):
     return s, qf
 
 
+def _pick(kernel, vis):
+    """This pair's kernel from the spec's (full/diagonal, masked) pair."""
+    return kernel[0] if vis is None else kernel[1]
+
+
 def _pair_forward(q, k, v, kind, vis, scale, kernel):
     """One pair's (out [B, Hq, Lq, D], lse [B, Hq, Lq]) in the accumulation dtype; rows
     that see no key in this pair get out 0 and lse -inf."""
-    if kernel:
+    name = _pick(kernel, vis)
+    if name != "math":
         mask = None if vis is None else _additive(vis, q.dtype)
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+        if name == "cpu":
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+        else:
+            o, lse, _ = kernels.dense_lse(q, k, v, causal=kind == _DIAG, scale=scale, bias=mask, kernel=name)
         o, lse = o.to(_acc(q.dtype)), lse.to(_acc(q.dtype))
         if vis is not None:  # the kernel gives such rows out 0 but lse 0 (not -inf)
             empty = ~vis.any(-1)  # [Bd, 1, Lq]
@@ -252,10 +273,14 @@ def _pair_forward(q, k, v, kind, vis, scale, kernel):
 def _pair_backward(dout, q, k, v, out, lse, delta, kind, vis, scale, kernel):
     """One pair's (dq, dk, dv) given the FINAL output and lse of these query rows (lse of a
     row that saw nothing is +inf here, so its probabilities are 0)."""
-    if kernel:
+    name = _pick(kernel, vis)
+    if name != "math":
         mask = None if vis is None else _additive(vis, q.dtype)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+        if name == "cpu":
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
+        return kernels.dense_lse_backward(dout, q, k, v, out, lse.to(_acc(q.dtype)), causal=kind == _DIAG,
+                                          scale=scale, bias=mask, kernel=name)
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
@@ -292,7 +317,7 @@ class _Spec:
     docs: torch.Tensor | None
     scale: float
     simulated: bool
-    kernel: bool
+    kernel: tuple          # (full/diagonal pairs, masked pairs): "cpu", "flash", "efficient" or "math"
 
 
 class _Ring:
@@ -301,6 +326,7 @@ class _Ring:
 
     def __init__(self, spec: _Spec, device):
         self.live = spec.ranks > 1 and not spec.simulated
+        self.ranks, self.group = spec.ranks, spec.group
         if not self.live:
             return
         self.pg = collectives._group(spec.group)
@@ -311,6 +337,8 @@ class _Ring:
     def post(self, send, recv, tag) -> list:
         """Post a send of ``send`` and a receive into ``recv`` (either may be None or empty:
         both ends know every block's size, so they skip the same messages)."""
+        if send is not None and send.numel() and self.ranks > 1:
+            collectives.record("send", self.group, send, backward=tag != _TAG_KV)
         if not self.live:
             return []
         ops = []
@@ -389,7 +417,7 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
     acc = _acc(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse_bw = lse.masked_fill(lse == float("-inf"), float("inf"))  # a row that saw nothing: P = 0
-    delta = None if spec.kernel else (dout.to(acc) * out.to(acc)).sum(-1)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1) if "math" in spec.kernel else None
     dout = dout.contiguous()
     kv = torch.stack([k, v])
     incoming, in_flight = None, None
