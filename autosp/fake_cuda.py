@@ -33,7 +33,8 @@ kernels emulated to their contracts (python_tests/test_cuda_kernels.py).
 
 Example::
 
-    >>> step = cuda_step("8b", 131072, sp_size=8, call="position_ids")
+    >>> config = transformers.AutoConfig.from_pretrained("bench/configs/llama-3-8b.json")
+    >>> step = cuda_step(config, 131072, sp_size=8, call="position_ids")[-1]   # the last rank
     >>> step.check()                       # no S x S tensor, no math attention, NCCL-ready collectives
     >>> step.kernels()                     # {'varlen flash': 32, 'varlen flash backward': 32, ...}
 """

@@ -1,7 +1,8 @@
 """``memory_budget``: choose a :class:`~autosp.plan.MemoryPlan` whose predicted peak fits.
 
 The planner asks the memory model (:mod:`autosp.estimate`: the compiled program run on meta
-tensors as one simulated rank, the first and the last) for the peak of candidate plans,
+tensors as one simulated rank, the first and the last, on the kernels of the inputs'
+device: CUDA's for a CUDA job) for the peak of candidate plans,
 and returns the cheapest it finds that fits:
 
     predicted total = parameters + optimizer state (AdamW: fp32 moments, plus fp32 master
@@ -65,14 +66,16 @@ class Planner:
 
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
-                 verbose: bool = False, mesh: dict | None = None):
+                 verbose: bool = False, mesh: dict | None = None, device: str | None = None):
         from autosp.api import transform
         from autosp.estimate import MemoryModel, _meta_model
         from autosp.runtime import collectives
         self.sp_size, self.fsdp, self.optimizer, self.verbose = sp_size, fsdp, optimizer, verbose
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        device = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
-        self.offload = device.type == "cuda" if offload is None else offload
+        device_of = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        # The kernels the plan is costed on: the inputs' device unless given (autosp-plan: "cuda").
+        self.device = device or ("cuda" if device_of.type == "cuda" else "cpu")
+        self.offload = self.device == "cuda" if offload is None else offload
         self.drop_logits = drop_logits
         meta = [torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x for x in leaves]
         self.call = pytree.tree_unflatten(meta, spec)
@@ -122,7 +125,7 @@ class Planner:
         transformed = Transformed.from_bytes(self._base)
         run_pipeline(transformed.module, plan.pipeline())
         model = self._memory_model(self.model, self.sp_size, None, optimizer=self.optimizer, fsdp=self.fsdp,
-                                   call=lambda n: self.call, transformed=transformed)
+                                   call=lambda n: self.call, transformed=transformed, device=self.device)
         est = model.estimate(self.seq_len)
         state = est.param_bytes // self.fsdp + est.optimizer_bytes // self.fsdp
         self.evaluations += 1
@@ -206,11 +209,13 @@ class Planner:
 
 def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int = 1, drop_logits: bool = False,
                 verbose: bool = False, fsdp: int = 1, optimizer: str = "adamw",
-                offload: bool | None = None, mesh: dict | None = None) -> MemoryPlan:
+                offload: bool | None = None, mesh: dict | None = None, device: str | None = None) -> MemoryPlan:
     """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring);
-    ``mesh``: the Ulysses x ring request (:func:`autosp.api.mesh_options`' arguments)."""
+    ``mesh``: the Ulysses x ring request (:func:`autosp.api.mesh_options`' arguments);
+    ``device``: whose kernels the candidates are costed on (``"cpu"`` or ``"cuda"``;
+    default: the inputs' device, so a CUDA job is planned on CUDA's kernels)."""
     planner = Planner(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, fsdp=fsdp, optimizer=optimizer,
-                      offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh)
+                      offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh, device=device)
     plan, found = planner.plan(budget)
     if verbose:
         print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {_human(budget)} "

@@ -1,6 +1,15 @@
 """Simulated max trainable context per GPU: Llama-3-8B and a 1B Llama at SP 8, 80 GB.
 
     python bench/max_context.py [--budget-gib 80] [--sp 8] [--models 8b 1b]
+    python bench/max_context.py --mechanisms [--device cpu cuda]    # 8B: 8 x 80 GiB and 1 x 141 GiB
+
+``--mechanisms``: Llama-3-8B's max context with each mechanism of ``memory_budget`` (full
+recompute with 16 tiles of the token-wise blocks and the tiled loss; then every layer's
+input offloaded), on 8 GPUs of 80 GiB (SP 8, FSDP2 over 8, AdamW) and on one GPU of 141 GiB
+(HostAdamW: fp32 masters and moments on the host), costed on each ``--device``'s kernels
+(``cpu``: the fused CPU kernel on meta, today's figures; ``cuda``: CUDA's kernels through
+the fake-CUDA path, :func:`autosp.runtime.kernels.target`), side by side in one run. Every
+figure names the kernel set it was costed on; none was run on a GPU.
 
 ``autosp.max_context`` searches the longest sequence whose training step fits the
 budget per rank, from the memory model (the compiled program run on meta tensors as
@@ -29,8 +38,50 @@ from autosp.estimate import GiB, MemoryModel, max_context  # noqa: E402
 from results import append_section  # noqa: E402
 
 
+MECHANISMS = ("full recompute, 16 tiles, tiled loss", "+ offload of every layer's input")
+SETUPS = (("8 x 80 GiB", 8, 80, "adamw", 1 << 18), ("1 x 141 GiB", 1, 141, "host-adamw", 1 << 16))
+
+
+def mechanisms(devices) -> str:
+    """The per-mechanism max-context table (see the module docstring)."""
+    from autosp.plan import MemoryPlan
+    rows = ["| setup | mechanism | " + " | ".join(f"max context ({d} kernels)" for d in devices)
+            + " | GiB/rank at the limit (" + devices[-1] + ") |", "|---|---|" + "---|" * (len(devices) + 1)]
+    for label, sp, gib, optimizer, granule in SETUPS:
+        for name, offload in zip(MECHANISMS, (False, True)):
+            plan = MemoryPlan(layers=("full+offload" if offload else "full",) * 32, tiles=16, loss_chunk=4096,
+                              drop_logits=True)
+            found, at = {}, None
+            for device in devices:
+                start = time.perf_counter()
+                model = MemoryModel("8b", sp, torch.bfloat16, plan=plan, fsdp=sp, optimizer=optimizer, device=device)
+                model.rank = sp - 1  # the last rank: it also narrows the shifted logits (the larger peak here)
+
+                def fits(n: int, model=model, tag=f"{label} {name} {device}", granule=granule, gib=gib) -> bool:
+                    est = model.estimate(n * granule)
+                    print(f"    {tag}: S={n * granule // 1024}K {est.total_bytes() / GiB:.1f} GiB", flush=True)
+                    return est.total_bytes() <= gib * GiB
+                lo, hi = 0, 4
+                while fits(hi):
+                    lo, hi = hi, hi * 2
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+                found[device] = lo * granule
+                at = model.estimate(max(granule, found[device]))
+                print(f"  {label} {name} {device}: {found[device] // 1024}K ({time.perf_counter() - start:.0f} s)",
+                      flush=True)
+            cells = " | ".join(f"{found[d] / (1 << 20):.2f}M" for d in devices)
+            rows.append(f"| {label} | {name} | {cells} | {at.state_bytes() / GiB:.1f} + "
+                        f"{at.activation_peak_bytes / GiB:.1f} |")
+            print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mechanisms", action="store_true", help="the 8B per-mechanism table (module docstring)")
+    parser.add_argument("--device", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
     parser.add_argument("--budget-gib", type=float, default=80.0)
     parser.add_argument("--sp", type=int, default=8)
     parser.add_argument("--models", nargs="+", default=["8b", "1b"])
@@ -38,6 +89,14 @@ def main() -> None:
     parser.add_argument("--granularity", type=int, default=8192)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.mechanisms:
+        table = mechanisms(args.device)
+        if not args.no_write:
+            append_section("Llama-3-8B max context per mechanism, by kernel set",
+                           "memory model on meta, bf16, batch 1, the last rank; kernel sets: cpu = the fused CPU "
+                           "kernel, cuda = CUDA's kernels' meta implementations (not run on a GPU); "
+                           "`python bench/max_context.py --mechanisms`", table)
+        return
     budget = int(args.budget_gib * GiB)
     rows = ["| model | SP | eager Ulysses / autosp (off) | autosp + SAC | autosp + SAC-min | autosp + full | "
             "SAC gain | GiB/rank at the SAC limit (state + activation peak) |", "|---|---|---|---|---|---|---|---|"]

@@ -356,6 +356,7 @@ def test_negative_control_ring_backward_at_each_pairs_own_lse_fails(monkeypatch,
     emu = Emulated(own_lse=True)
     monkeypatch.setattr(kernels, "on_cuda", lambda t: True)
     monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
+    monkeypatch.setattr(kernels, "EFFICIENT_DTYPES", kernels.EFFICIENT_DTYPES + (torch.float64,))
     for name in ("dense_lse", "dense_lse_backward"):
         monkeypatch.setattr(kernels, name, getattr(emu, name))
     pieces = [[(12, 24), (0, 5), (5, 12)]]

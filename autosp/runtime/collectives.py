@@ -34,7 +34,6 @@ This module is the bottom of the dependency graph: it imports nothing else of au
 """
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -154,7 +153,9 @@ class simulate:
         _SIMULATED.pop()
 
 
-_OBSERVERS: contextvars.ContextVar = contextvars.ContextVar("autosp_collective_observers", default=None)
+# The observers' record lists, innermost last (a plain list, like _SIMULATED: torch.compile
+# traces reads of it, where it cannot trace a ContextVar).
+_OBSERVERS: list = []
 
 
 @dataclass
@@ -178,18 +179,18 @@ class observe:
         self.records: list[WireRecord] = []
 
     def __enter__(self) -> "observe":
-        self._token = _OBSERVERS.set(self.records)
+        _OBSERVERS.append(self.records)
         return self
 
     def __exit__(self, *exc):
-        _OBSERVERS.reset(self._token)
+        i = next(i for i in range(len(_OBSERVERS) - 1, -1, -1) if _OBSERVERS[i] is self.records)
+        del _OBSERVERS[i]
 
 
 def record(kind: str, group: str, t: torch.Tensor, backward: bool = False) -> None:
     """Note ``t`` as handed to a collective of ``kind`` over ``group`` (see :class:`observe`)."""
-    records = _OBSERVERS.get()
-    if records is not None:
-        records.append(WireRecord(kind, str(group), tuple(t.shape), t.dtype, t.is_contiguous(),
+    if _OBSERVERS:
+        _OBSERVERS[-1].append(WireRecord(kind, str(group), tuple(t.shape), t.dtype, t.is_contiguous(),
                                   t.numel() * t.element_size(), backward))
 
 

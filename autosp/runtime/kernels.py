@@ -38,7 +38,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import warnings
 
 import torch
@@ -46,7 +45,9 @@ import torch.nn.functional as F
 
 aten = torch.ops.aten
 
-_TARGET: contextvars.ContextVar[str] = contextvars.ContextVar("autosp_kernel_target", default="cpu")
+# The target stack, innermost last ("cpu" at the bottom); a plain list, not a ContextVar:
+# torch.compile traces reads of it.
+_TARGET: list[str] = ["cpu"]
 _WARNED: set = set()
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -61,22 +62,22 @@ def target(device: str):
     ``"cuda"``): the kernels chosen for them are that device's."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"kernels.target: device must be 'cpu' or 'cuda', got {device!r}")
-    token = _TARGET.set(device)
+    _TARGET.append(device)
     try:
         yield
     finally:
-        _TARGET.reset(token)
+        _TARGET.pop()
 
 
 def current_target() -> str:
     """The device meta tensors stand for now (:func:`target`)."""
-    return _TARGET.get()
+    return _TARGET[-1]
 
 
 def on_cuda(t: torch.Tensor) -> bool:
     """True where ``t``'s attention runs CUDA's kernels: a CUDA tensor (real or fake), or a
     meta tensor under ``target("cuda")``."""
-    return t.device.type == "cuda" or (t.device.type == "meta" and _TARGET.get() == "cuda")
+    return t.device.type == "cuda" or (t.device.type == "meta" and _TARGET[-1] == "cuda")
 
 
 def has_values(t: torch.Tensor) -> bool:
