@@ -18,7 +18,9 @@ raises on them:
 
 - **quadratic tensors**: a tensor created with two sequence-sized dims (each one of the
   lengths a rank's sequence shard, a ring piece or the whole sequence has): S x S masks or
-  scores, or a ring pair's (S/P) x (S/P) scores;
+  scores, or a ring pair's (S/P) x (S/P) scores. A length equal to a model dim (S/16 =
+  4096 = hidden at S = 64K) cannot be told from it by shape and is left out
+  (:attr:`CudaStep.ambiguous`): check at :func:`clear_length` instead;
 - **math attention**: ``F.scaled_dot_product_attention`` reached on CUDA (its kernel choice
   is made at run time and may fall to math), the math kernel's fallback warning, or the
   CPU kernel dispatched for a CUDA program;
@@ -43,12 +45,16 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autosp.runtime import collectives
+
+if TYPE_CHECKING:
+    from autosp.estimate import MemoryEstimate
 
 aten = torch.ops.aten
 
@@ -122,10 +128,11 @@ class CudaStep:
     quadratic: list = field(default_factory=list)    # [(op, shape)]
     math: list = field(default_factory=list)         # what reached math attention
     warnings: list = field(default_factory=list)     # autosp's kernel fallback warnings
+    ambiguous: list = field(default_factory=list)  # sequence sizes equal to a model dim: not checked
     peak_bytes: int = 0
     activation_peak_bytes: int = 0
     saved_bytes: int = 0
-    estimate: object = None
+    estimate: "MemoryEstimate | None" = None
 
     def kernels(self) -> dict:
         """Attention kernel calls by kernel name."""
@@ -201,9 +208,11 @@ class _NoHighLevelSdpa(TorchFunctionMode):
 class _Watch:
     """The harness's context around one rank's step (MemoryModel.estimate's ``watch``)."""
 
-    def __init__(self, step: CudaStep, keep_ops: bool):
+    def __init__(self, step: CudaStep, keep_ops: bool, model_dims: set[int] = frozenset()):  # type: ignore[assignment]
         self.step = step
-        self.recorder = _Recorder(step, sequence_sizes(step.seq_len, step.sp_size), keep_ops)
+        sizes = sequence_sizes(step.seq_len, step.sp_size)
+        step.ambiguous = sorted(sizes & model_dims)
+        self.recorder = _Recorder(step, sizes - model_dims, keep_ops)
         self.function_mode = _NoHighLevelSdpa(step)
         self.wire = collectives.observe()
         self.caught = warnings.catch_warnings(record=True)
@@ -232,6 +241,25 @@ class _Watch:
                     self.step.math.append(text)
 
 
+def model_dims(module: torch.nn.Module) -> set[int]:
+    """Every size of every parameter and buffer dim (hidden, ffn, vocab, head dims...): a
+    sequence length equal to one of them cannot be told apart from it by shape, so the
+    quadratic check leaves it out (:attr:`CudaStep.ambiguous`; :func:`clear_length` gives
+    a length without such collisions)."""
+    return {n for t in [*module.parameters(), *module.buffers()] for n in t.shape if n > 1}
+
+
+def clear_length(seq_len: int, sp_size: int, dims: set[int]) -> int:
+    """The smallest length >= ``seq_len``, a multiple of ``2 * sp_size`` unless ``seq_len``
+    itself is clear, none of whose :func:`sequence_sizes` is one of ``dims``."""
+    if not sequence_sizes(seq_len, sp_size) & dims:
+        return seq_len
+    n = seq_len + 2 * sp_size - seq_len % (2 * sp_size)
+    while sequence_sizes(n, sp_size) & dims:
+        n += 2 * sp_size
+    return n
+
+
 def cuda_step(model_or_config, seq_len: int, *, sp_size: int = 1, call="position_ids", batch: int = 1,
               checkpointing: str = "off", dtype: torch.dtype = torch.bfloat16, ranks=None, fsdp: int = 1,
               mesh: dict | None = None, plan=None, keep_ops: bool = False, model=None) -> list[CudaStep]:
@@ -247,11 +275,12 @@ def cuda_step(model_or_config, seq_len: int, *, sp_size: int = 1, call="position
     if model is None:
         model = MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch=batch, fsdp=fsdp, inputs=inputs,
                             plan=plan, mesh=mesh, device="cuda")
+    dims = model_dims(model.model)
     steps = []
     for r in (ranks if ranks is not None else sorted({0, sp_size - 1})):
         step = CudaStep(seq_len, sp_size, r)
         model.rank = r
-        est = model.estimate(seq_len, watch=lambda rank, step=step: _Watch(step, keep_ops))
+        est = model.estimate(seq_len, watch=lambda rank, step=step: _Watch(step, keep_ops, dims))
         step.peak_bytes, step.activation_peak_bytes, step.saved_bytes = (
             est.peak_bytes, est.activation_peak_bytes, est.saved_bytes)
         step.estimate = est

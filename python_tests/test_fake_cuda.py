@@ -147,3 +147,15 @@ def test_sequence_sizes_and_calls():
     assert trainer_call("packed", ids)["position_ids"][0, 1024 % 40] == 1024 % 40
     with pytest.raises(ValueError, match="unknown call"):
         trainer_call("nope", ids)
+
+
+def test_a_shard_length_equal_to_a_model_dim_is_left_out_not_flagged():
+    # S / 4 = 64 = hidden: [S/P, hidden] activations would look like two sequence dims.
+    step = cuda_step(_llama(), 256, sp_size=4, call="plain", ranks=[3])[0]
+    assert 64 in step.ambiguous and step.check()
+    from autosp.fake_cuda import clear_length, model_dims
+    from autosp.estimate import _meta_model
+    dims = model_dims(_meta_model(_llama(), torch.bfloat16))
+    n = clear_length(256, 4, dims)
+    assert n > 256 and not sequence_sizes(n, 4) & dims
+    assert clear_length(S, 4, dims) == S

@@ -31,7 +31,9 @@ on a GPU, and the memory model counts what those kernels allocate. It prints:
 ``fits``, ``activation_growth`` (the activation peak at ``seq_len`` over that at half of
 it: 2.0 is linear), ``kernels`` (kernel name -> calls per step), ``attention`` (per forward
 attention op: ``kernel``, ``q``, ``k`` shapes), ``collective_bytes`` (kind -> bytes per
-step per rank), ``problems``, ``max_context`` (tokens, or null), ``kernel_set``
+step per rank), ``problems`` (what a GPU would not take: a tensor with two sequence dims,
+math attention, a collective NCCL refuses; checked at ``checked_at``: ``seq_len``, or the
+nearest length none of whose shard sizes equals a model dim), ``max_context`` (tokens, or null), ``kernel_set``
 (``"cuda"``: the figures are costed on CUDA's kernels' meta implementations, not run on a
 GPU) and ``seconds``.
 
@@ -128,7 +130,7 @@ def plan(args) -> dict:
 
     from autosp.api import module_choice, module_layout, transform
     from autosp.estimate import MemoryModel, _meta_model
-    from autosp.fake_cuda import cuda_step, trainer_call
+    from autosp.fake_cuda import clear_length, cuda_step, model_dims, trainer_call
     from autosp.ir.diagnostics import AutospError
     from autosp.runtime import collectives
     start = time.perf_counter()
@@ -175,14 +177,23 @@ def plan(args) -> dict:
                         mesh=mesh, transformed=transformed, device="cuda")
     say(f"[{PROG}] compiled in {time.perf_counter() - t0:.0f} s; one step at S={_tokens(seq)} on CUDA's kernels ...")
     steps = cuda_step(None, seq, sp_size=world, model=model, ranks=sorted({0, world - 1}))
-    est = max((s.estimate for s in steps), key=lambda e: e.peak_bytes)
+    est = max((s.estimate for s in steps if s.estimate is not None), key=lambda e: e.peak_bytes)
     saved = max(s.saved_bytes for s in steps)
     activation_peak = max(s.activation_peak_bytes for s in steps)
     state = est.state_bytes()
+    model.rank = world - 1  # (the last rank: one estimate)
     half = model.estimate(max(world, seq // 2))
+    model.rank = None
     growth = activation_peak / max(1, half.activation_peak_bytes)
     step = steps[-1]
     problems = sorted({p for s in steps for p in s.problems()})
+    checked_at = seq
+    if step.ambiguous:  # a sequence size equal to a model dim: the S^2 check runs at a clear length
+        checked_at = clear_length(seq, world, model_dims(meta))
+        say(f"[{PROG}] S={seq} has sequence sizes equal to model dims {step.ambiguous}: "
+            f"checking at S={checked_at} ...")
+        probe = cuda_step(None, checked_at, sp_size=world, model=model, ranks=[world - 1])[0]
+        problems = sorted(set(problems) | set(probe.problems()))
     forward = [(k, shapes) for k, shapes in step.attention if not k.endswith("backward")]
     report = {
         "model": args.model, "seq_len": seq, "world": world, "call": args.call, "fsdp": fsdp,
@@ -200,7 +211,7 @@ def plan(args) -> dict:
         "kernels": step.kernels(),
         "attention": [{"kernel": k, "q": list(shapes[0]), "k": list(shapes[1])} for k, shapes in forward],
         "collective_bytes": step.wire_bytes(),
-        "problems": problems, "warnings": sorted({w for s in steps for w in s.warnings}),
+        "problems": problems, "checked_at": checked_at, "warnings": sorted({w for s in steps for w in s.warnings}),
         "max_context": None, "kernel_set": "cuda",
     }
     if args.max_context:
@@ -262,6 +273,9 @@ def render(r: dict) -> str:
         lines.append(f"  warning: {w}")
     for prob in r["problems"]:
         lines.append(f"  PROBLEM: {prob}")
+    if not r["problems"]:
+        at = "" if r["checked_at"] == r["seq_len"] else f" (checked at S={r['checked_at']}: at S, a shard size equals a model dim)"
+        lines.append(f"  checks: no tensor with two sequence dims, no math attention, NCCL-ready collectives{at}")
     if r["max_context"] is not None:
         lines.append(f"  max context in {_human(r['gpu_mem_bytes'])} per rank: {_tokens(r['max_context'])} tokens "
                      f"({r['max_context']})")
