@@ -306,7 +306,13 @@ def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: tor
                   f"{est.total_bytes(zero_stage, shards) / GiB:.1f} GiB", flush=True)
         return est.total_bytes(zero_stage, shards) <= budget_bytes
 
-    lo, hi = 0, 1
+    return longest_fit(fits, granularity, limit)
+
+
+def longest_fit(fits, granularity: int, limit: int = 1 << 26, start: int = 1) -> int:
+    """The largest ``n * granularity`` <= ``limit`` with ``fits(n)`` (``fits`` monotone:
+    true up to some n, false after): doubling from ``start``, then bisection; 0 if none."""
+    lo, hi = 0, start
     while hi * granularity <= limit and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, limit // granularity + 1)

@@ -52,7 +52,8 @@ class Prediction:
     state_bytes: int
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """``n`` bytes as ``512 B``, ``1.50 MiB``, ``80.00 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -187,10 +188,10 @@ class Planner:
 
     def _infeasible(self, budget: int, floor: Prediction):
         raise AutospError(
-            f"memory_budget {_human(budget)} is below the smallest feasible budget {_human(floor.total_bytes)} "
+            f"memory_budget {human_bytes(budget)} is below the smallest feasible budget {human_bytes(floor.total_bytes)} "
             f"for this call (S={self.seq_len}, sp_size={self.sp_size}): every layer "
             f"{self.ladder()[-1]} with {TILES[-1]} tiles and the tiled loss still needs "
-            f"{_human(floor.peak_bytes)} of step peak plus {_human(floor.state_bytes)} of parameters and "
+            f"{human_bytes(floor.peak_bytes)} of step peak plus {human_bytes(floor.state_bytes)} of parameters and "
             f"optimizer state" + ("" if self.drop_logits else
                                   "; if the model returns its logits, drop_logits=True removes them"))
 
@@ -204,7 +205,7 @@ class Planner:
                     runs.append([choice, 1])
             layers = ", ".join(f"{c} x{n}" for c, n in runs)
             print(f"[autosp] plan candidate tiles={found.plan.tiles} layers={layers}: predicted "
-                  f"{_human(found.total_bytes)}", file=sys.stderr, flush=True)
+                  f"{human_bytes(found.total_bytes)}", file=sys.stderr, flush=True)
 
 
 def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int = 1, drop_logits: bool = False,
@@ -218,10 +219,10 @@ def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int 
                       offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh, device=device)
     plan, found = planner.plan(budget)
     if verbose:
-        print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {_human(budget)} "
+        print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {human_bytes(budget)} "
               f"({planner.evaluations} estimates, {planner.seconds:.1f}s):\n"
               f"  tiled LM head + loss: yes{' (logits dropped)' if plan.drop_logits else ''}; "
               f"token-wise tiles: {plan.tiles}\n{plan.describe()}\n"
-              f"  predicted: {_human(found.total_bytes)} = step peak {_human(found.peak_bytes)} + parameters and "
-              f"optimizer state {_human(found.state_bytes)}", file=sys.stderr, flush=True)
+              f"  predicted: {human_bytes(found.total_bytes)} = step peak {human_bytes(found.peak_bytes)} + parameters and "
+              f"optimizer state {human_bytes(found.state_bytes)}", file=sys.stderr, flush=True)
     return plan

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autosp.api import CHECKPOINTING  # noqa: E402
-from autosp.estimate import GiB, MemoryModel, max_context  # noqa: E402
+from autosp.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 from results import append_section  # noqa: E402
 
 
@@ -62,13 +62,7 @@ def mechanisms(devices) -> str:
                     est = model.estimate(n * granule)
                     print(f"    {tag}: S={n * granule // 1024}K {est.total_bytes() / GiB:.1f} GiB", flush=True)
                     return est.total_bytes() <= gib * GiB
-                lo, hi = 0, 2
-                while fits(hi):
-                    lo, hi = hi, hi * 2
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-                found[device] = lo * granule
+                found[device] = longest_fit(fits, granule, start=2)
                 at = model.estimate(max(granule, found[device]))
                 print(f"  {label} {name} {device}: {found[device] // 1024}K ({time.perf_counter() - start:.0f} s)",
                       flush=True)

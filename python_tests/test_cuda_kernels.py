@@ -121,11 +121,9 @@ def _rep(t, q):
     return t if g == 1 else t.repeat_interleave(g, dim=-3)
 
 
-@pytest.fixture
-def cuda(monkeypatch):
-    """CPU tensors take the CUDA branches, on the emulated kernels; float64 counts as a
-    dtype the flash kernels take (so the exact float64 comparison runs the fused paths)."""
-    emu = Emulated()
+def _emulate(monkeypatch, emu: Emulated) -> Emulated:
+    """CPU tensors take the CUDA branches, on ``emu``'s kernels; float64 counts as a dtype
+    the fused kernels take (so the exact float64 comparison runs the fused paths)."""
     for module in (kernels, attention):
         monkeypatch.setattr(module, "on_cuda", lambda t: True)
     monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
@@ -134,6 +132,11 @@ def cuda(monkeypatch):
         monkeypatch.setattr(kernels, name, getattr(emu, name))
     kernels._WARNED.clear()
     return emu
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    return _emulate(monkeypatch, Emulated())
 
 
 # ----------------------------------------------------------------------------- reference
@@ -221,11 +224,7 @@ def test_key_padding_inside_a_row_falls_back_to_the_efficient_kernel(cuda, _fres
 
 
 def test_negative_control_key_padding_without_run_boundaries_fails(monkeypatch, _fresh_seed):
-    emu = Emulated(ignore_runs=True)
-    for module in (kernels, attention):
-        monkeypatch.setattr(module, "on_cuda", lambda t: True)
-    monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
-    monkeypatch.setattr(kernels, "varlen", emu.varlen)
+    _emulate(monkeypatch, Emulated(ignore_runs=True))
     q, k, v = _inputs(seed=_fresh_seed)
     pad = _padding(2, 40, "both")
     allowed = _causal(40) & pad[:, None, None, :]
@@ -263,11 +262,7 @@ def test_sliding_window_matches_eager(cuda, padding, _fresh_seed):
 
 
 def test_negative_control_window_dropped_fails(monkeypatch, _fresh_seed):
-    emu = Emulated(ignore_window=True)
-    for module in (kernels, attention):
-        monkeypatch.setattr(module, "on_cuda", lambda t: True)
-    monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
-    monkeypatch.setattr(kernels, "varlen", emu.varlen)
+    _emulate(monkeypatch, Emulated(ignore_window=True))
     q, k, v = _inputs(seed=_fresh_seed)
     i = torch.arange(40)
     allowed = _causal(40) & (i[:, None] - i[None, :] < 6)[None, None]
@@ -297,11 +292,7 @@ def test_documents_one_varlen_launch_and_match_eager(cuda, layout, _fresh_seed):
 
 
 def test_negative_control_documents_without_run_boundaries_fail(monkeypatch, _fresh_seed):
-    emu = Emulated(ignore_runs=True)
-    for module in (kernels, attention):
-        monkeypatch.setattr(module, "on_cuda", lambda t: True)
-    monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
-    monkeypatch.setattr(kernels, "varlen", emu.varlen)
+    _emulate(monkeypatch, Emulated(ignore_runs=True))
     q, k, v = _inputs(seed=_fresh_seed)
     docs = torch.tensor([[0] * 9 + [1] * 20 + [2] * 11, [0] * 3 + [1] * 37])
     allowed = _causal(40) & (docs[:, None, :, None] == docs[:, None, None, :])
@@ -353,12 +344,7 @@ def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, _fresh_see
 def test_negative_control_ring_backward_at_each_pairs_own_lse_fails(monkeypatch, _fresh_seed):
     """The ring's backward must give each pair the merged log-sum-exp: differentiating a
     pair at its own is wrong (the control for the merge)."""
-    emu = Emulated(own_lse=True)
-    monkeypatch.setattr(kernels, "on_cuda", lambda t: True)
-    monkeypatch.setattr(kernels, "FLASH_DTYPES", kernels.FLASH_DTYPES + (torch.float64,))
-    monkeypatch.setattr(kernels, "EFFICIENT_DTYPES", kernels.EFFICIENT_DTYPES + (torch.float64,))
-    for name in ("dense_lse", "dense_lse_backward"):
-        monkeypatch.setattr(kernels, name, getattr(emu, name))
+    _emulate(monkeypatch, Emulated(own_lse=True))
     pieces = [[(12, 24), (0, 5), (5, 12)]]
     q, k, v = _inputs(b=1, hq=2, hkv=2, s=24, seed=_fresh_seed)
     idx = torch.cat([torch.arange(a, z) for a, z in pieces[0]])

@@ -49,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 
+from autosp.planner import human_bytes as _human
+
 PROG = "autosp-plan"
 CALLS = ("plain", "position_ids", "padded", "packed")
 GiB = 1 << 30
@@ -110,14 +112,6 @@ def load_config(spec: str):
         raise PlanInputError(f"{path}: {model_type} has no causal-LM model in transformers (autosp-plan plans "
                              "causal language models)")
     return config
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 def _tokens(n: int) -> str:
@@ -223,7 +217,8 @@ def plan(args) -> dict:
 
 def _max_context(model, budget: int, world: int, granularity: int, say) -> int:
     """The longest multiple of ``granularity`` tokens whose step fits ``budget`` per rank
-    (doubling, then bisection; each probe one step on CUDA's kernels)."""
+    (:func:`autosp.estimate.longest_fit`; each probe one step on CUDA's kernels)."""
+    from autosp.estimate import longest_fit
     step = max(granularity, world)
 
     def fits(n: int) -> bool:
@@ -231,16 +226,7 @@ def _max_context(model, budget: int, world: int, granularity: int, say) -> int:
         ok = est.total_bytes() <= budget
         say(f"[{PROG}]   S={_tokens(n * step)}: {_human(est.total_bytes())} {'fits' if ok else 'does not fit'}")
         return ok
-    lo, hi = 0, 1
-    while hi * step <= (1 << 26) and fits(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo * step
+    return longest_fit(fits, step)
 
 
 def render(r: dict) -> str:
