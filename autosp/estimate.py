@@ -83,7 +83,7 @@ class MemoryEstimate:
 
 
 def _meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
-    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     if isinstance(model_or_config, str):
         if model_or_config not in LLAMA_PRESETS:
             raise ValueError(f"unknown model preset '{model_or_config}' (presets: {', '.join(LLAMA_PRESETS)})")

@@ -134,7 +134,7 @@ def overlap(op_times: list[float], step: dict, end: float, start: float) -> dict
 
 def _body(rank, world, queue, cfg, seq, checkpointing, bucket_bytes):
     import autosp
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     ids = torch.randint(0, cfg["vocab"], (1, seq))
@@ -154,7 +154,7 @@ def _body(rank, world, queue, cfg, seq, checkpointing, bucket_bytes):
 def _fsdp_body(rank, world, queue, cfg, seq, checkpointing):
     import autosp
     from torch.distributed.fsdp import fully_shard
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     for block in model.blocks:
@@ -190,7 +190,7 @@ def fsdp_table(world: int, seq: int) -> list[str]:
         counts = sorted(set(per_group.values()))
         sent = sum(d.get(k, 0) for d in (fs, bs) for k in ("all_gather", "reduce_scatter"))
         # Whole model, rows padded to a multiple of P: every group (blocks and root) 3 x (P-1)/P.
-        from autosp.testing.models import LlamaConfig, LlamaLike
+        from autosp.models import LlamaConfig, LlamaLike
         with torch.device("meta"):
             model = LlamaLike(LlamaConfig(**cfg))
         padded = sum(-(-p.shape[0] // world) * world * p[0].numel() * p.element_size() for p in model.parameters())
@@ -212,7 +212,7 @@ STRATEGY_MODELS = {  # name -> LlamaConfig kwargs
 def _strategy_body(rank, world, queue, cfg, seq, options):
     import autosp
     from autosp.runtime import ring
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     ids = torch.randint(0, cfg["vocab"], (1, seq))

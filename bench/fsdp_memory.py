@@ -43,7 +43,7 @@ def measure(rank, world, queue, seq, mode):
     import autosp
     from torch.distributed.fsdp import fully_shard
     from autosp.memory import measure_step
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
     for block in model.blocks:
@@ -69,7 +69,7 @@ def measure(rank, world, queue, seq, mode):
 
 def estimate(world: int, seq: int, mode: str) -> dict:
     from autosp.estimate import estimate_memory
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     est = estimate_memory(LlamaConfig(**CONFIG), seq, sp_size=world, dtype=torch.float32, checkpointing=mode,
                           fsdp=world)
     n = world

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import autosp  # noqa: E402
-from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike, RotaryEmbedding  # noqa: E402
+from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike, RotaryEmbedding  # noqa: E402
 
 MODES = ("off", "sac", "full")
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import autosp  # noqa: E402
-from autosp.testing.models import LlamaConfig, LlamaLike  # noqa: E402
+from autosp.models import LlamaConfig, LlamaLike  # noqa: E402
 from autosp.testing.parity import relative_error  # noqa: E402
 
 

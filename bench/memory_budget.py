@@ -24,7 +24,7 @@ from autosp.testing.distributed import run_ranks
 def _measure(rank, world, queue, seq, repeat):
     import autosp
     from autosp.memory import measure_step
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
     ids = torch.randint(0, 8192, (1, seq))

@@ -28,7 +28,7 @@ MODES = ("off", "sac", "full")
 def _body(rank, world, queue, seq):
     import autosp
     from autosp.memory import measure_step
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
     ids = torch.randint(0, CONFIG["vocab"], (1, seq))
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     from autosp.estimate import MemoryModel
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     rows = ["| S | checkpointing | saved MiB measured | estimated | error | peak MiB measured | estimated | error |",
             "|---|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)

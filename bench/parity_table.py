@@ -29,7 +29,7 @@ MODELS = {
 
 def _body(rank, world, queue, name, seq):
     import autosp
-    from autosp.testing.models import reference_model
+    from autosp.models import reference_model
     from autosp.testing.parity import parity, relative_error
 
     torch.manual_seed(0)

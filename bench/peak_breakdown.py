@@ -69,7 +69,7 @@ class BlameTracker(PeakTracker):
 def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top):
     from autosp.estimate import GiB, MemoryModel
     from autosp.plan import MemoryPlan
-    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig
+    from autosp.models import LLAMA_PRESETS, LlamaConfig
     import autosp.estimate as estimate
     config = LlamaConfig(**{**LLAMA_PRESETS["8b"], "layers": layers})
     plan = MemoryPlan(layers=(plan_mode,) * layers, tiles=tiles, loss_chunk=loss_chunk, drop_logits=True)

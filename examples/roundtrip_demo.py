@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 
 import autosp
-from autosp.testing.models import LlamaConfig, LlamaLike
+from autosp.models import LlamaConfig, LlamaLike
 from autosp.testing.parity import relative_error
 
 

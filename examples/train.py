@@ -79,7 +79,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import autosp  # noqa: E402
 from autosp import AutospError  # noqa: E402
 from autosp.api import CHECKPOINTING, parse_bytes  # noqa: E402
-from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
+from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
 
 SIZES = LLAMA_PRESETS  # tiny, small, 1b, 8b (Llama-3-8B's shape)
 # Model state per parameter under AdamW: weights + gradients + two fp32 moments (fp32: 4 + 4

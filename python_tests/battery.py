@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autosp.testing.models import AttentionBlock, GPT2Config, GPT2Like, LlamaConfig, LlamaLike
+from autosp.models import AttentionBlock, GPT2Config, GPT2Like, LlamaConfig, LlamaLike
 
 VOCAB = 64
 

@@ -47,7 +47,7 @@ class DropoutLM(torch.nn.Module):
 
 
 def _llama():
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=1, heads=4, kv_heads=2))
 
 

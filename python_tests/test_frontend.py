@@ -6,7 +6,7 @@ import torch
 
 import autosp
 from autosp.ir.diagnostics import AutospError
-from autosp.testing.models import GPT2Config, GPT2Like, LlamaConfig, LlamaLike
+from autosp.models import GPT2Config, GPT2Like, LlamaConfig, LlamaLike
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ TOL = 1e-5
 def _sharded_llama(seed):
     """(model sharded with the FSDP2 recipe, an unsharded single-device copy)."""
     from torch.distributed.fsdp import fully_shard
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=3, heads=4, kv_heads=2))
     reference = copy.deepcopy(model)

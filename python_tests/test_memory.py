@@ -23,7 +23,7 @@ TOL = 0.10
 
 
 def _model(seed):
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(seed)
     return LlamaLike(LlamaConfig(**CONFIG))
 
@@ -93,7 +93,7 @@ def _measure_body(rank, world, queue, seed):
 
 def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
     from autosp.estimate import estimate_memory
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     measured = run_ranks(_measure_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac", "full"):
         est = estimate_memory(LlamaConfig(**CONFIG), SEQ, sp_size=2, dtype=torch.float32, checkpointing=mode)
@@ -121,7 +121,7 @@ def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
 
 def test_max_context_is_the_longest_that_fits():
     from autosp.estimate import MemoryModel, max_context
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     cfg = LlamaConfig(**CONFIG)
     model = MemoryModel(cfg, sp_size=4, dtype=torch.bfloat16, checkpointing="sac")
     at_8k = model.estimate(8192)

@@ -23,7 +23,7 @@ PLANS = {
 def _model(which: str, seed: int):
     torch.manual_seed(seed)
     if which in ("llamalike", "outside"):
-        from autosp.testing.models import LlamaConfig, LlamaLike
+        from autosp.models import LlamaConfig, LlamaLike
         return LlamaLike(LlamaConfig(vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, ffn=88)), 96
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=88, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -107,7 +107,7 @@ def test_a_dropped_loss_chunk_breaks_parity(_fresh_seed):
 def _budget(rank, world, queue, seq):
     import autosp
     from autosp.memory import measure_step
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import relative_error
     torch.manual_seed(0)
     base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
@@ -154,7 +154,7 @@ def test_memory_budget_holds_when_measured():
 def test_infeasible_budget_names_the_smallest_feasible_one():
     from autosp.ir.diagnostics import AutospError
     from autosp.planner import plan_memory
-    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 64))
     with pytest.raises(AutospError, match=r"below the smallest feasible budget [0-9.]+ (KiB|MiB)"):
@@ -163,7 +163,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one():
 
 def test_plans_are_deterministic_and_climb_the_ladder():
     from autosp.planner import Planner
-    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 256))
     planner = Planner(model, (ids,), {"labels": ids}, sp_size=2, drop_logits=True)
@@ -202,7 +202,7 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
         def loss_of(m, ids):
             return m(input_ids=ids, labels=ids, use_cache=False).loss
     else:
-        from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+        from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
         model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
 
         def loss_of(m, ids):

@@ -340,7 +340,7 @@ def test_offload_applies_to_the_chosen_layers_only():
     from autosp.pipeline import run_pipeline
     from autosp.plan import MemoryPlan
     from autosp.runtime import collectives
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     model = _meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
     ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
     with collectives.simulate(1, 0):

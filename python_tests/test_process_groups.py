@@ -18,7 +18,7 @@ TOL = 1e-5
 
 
 def _model():
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4))
 
 
@@ -85,7 +85,7 @@ def _once_per_group_body(rank, world, queue, seed):
     result = {"error": _check(reference, compiled, torch.Generator().manual_seed(seed + 1))}
     result["received"] = compiled.programs[0].timings.get("received", 0.0)
     # A custom pipeline whose passes name another group runs on this module's group.
-    from autosp.testing.models import AttentionBlock
+    from autosp.models import AttentionBlock
     from autosp.testing.parity import parity
     block = AttentionBlock(32, 4)
     custom = autosp.compile(copy.deepcopy(block), gather_outputs=True,

@@ -60,7 +60,7 @@ def _model(name: str, heads: int, kv_heads: int):
                 vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=heads, n_positions=256, attn_implementation="eager",
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=2, heads=heads, kv_heads=kv_heads, ffn=48))
 
 
@@ -233,7 +233,7 @@ MEMORY_SEQ = 2048
 def _ring_memory_body(rank, world, queue, seed):
     import autosp
     from autosp.memory import measure_step
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(**MEMORY_CONFIG))
     ids = torch.randint(0, MEMORY_CONFIG["vocab"], (1, MEMORY_SEQ), generator=torch.Generator().manual_seed(seed))
@@ -251,7 +251,7 @@ def test_memory_model_simulates_the_ring(_fresh_seed):
     from the chosen layout) is within 10% of what two ring ranks measure; an estimate of
     one device is not (the comparison can fail)."""
     from autosp.estimate import estimate_memory
-    from autosp.testing.models import LlamaConfig
+    from autosp.models import LlamaConfig
     measured = run_ranks(_ring_memory_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac"):
         est = estimate_memory(LlamaConfig(**MEMORY_CONFIG), MEMORY_SEQ, sp_size=2, dtype=torch.float32,

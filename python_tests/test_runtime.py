@@ -142,7 +142,7 @@ def _overlap_body(rank, world, queue, seed, in_graph, checkpointing="off"):
     import time
     import autosp
     from torch.utils._python_dispatch import TorchDispatchMode
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import parity
 
     class Times(TorchDispatchMode):

@@ -6,7 +6,7 @@ import pytest
 import autosp
 from autosp.ir.core import body_ops, main_func
 from autosp.ir.sequence import Linear, NonLinear, analyze_sequence, combine, seq_expr_of_affine
-from autosp.testing.models import reference_model
+from autosp.models import reference_model
 
 
 @pytest.mark.parametrize("name, layers, kind", [("llama", 2, "sdpa"), ("gpt2", 2, "manual"),

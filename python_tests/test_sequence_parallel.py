@@ -16,7 +16,7 @@ TOL = 1e-5
 
 
 def _model(name):
-    from autosp.testing.models import AttentionBlock, LlamaConfig, LlamaLike
+    from autosp.models import AttentionBlock, LlamaConfig, LlamaLike
     if name == "sdpa_block":
         return AttentionBlock(32, 4), 1
     if name == "sdpa_block_seq_first":
@@ -24,7 +24,7 @@ def _model(name):
     if name.startswith("sdpa_gqa"):  # sdpa_gqa1 / sdpa_gqa2: SDPA's enable_gqa with 1 or 2 KV heads
         return AttentionBlock(64, 8, kv_heads=int(name[-1])), 1
     if name.startswith("gpt2"):  # manual attention, causal mask from a buffer, learned positions
-        from autosp.testing.models import GPT2Config, GPT2Like
+        from autosp.models import GPT2Config, GPT2Like
         return GPT2Like(GPT2Config(vocab=64, hidden=32, layers=2, heads=4)), 1
     if name.startswith("llama"):
         cfg = LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2 if "gqa" in name else None,
@@ -147,7 +147,7 @@ def _compiled_backend_body(rank, world, queue, seed):
     """torch.compile after SP: the emitted module compiles as one graph (fullgraph=True),
     with Ulysses and with ring attention. One layer: AOTAutograd's trace of the graph is the cost, and a second layer adds no new op."""
     import autosp
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import parity
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=1, heads=4, kv_heads=2))

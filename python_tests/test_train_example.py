@@ -122,7 +122,7 @@ def test_fsdp_init_from_save_and_resume_at_another_world_size_with_data_parallel
     default initialisation's."""
     import argparse
 
-    from autosp.testing.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     train = _load_train()
     cfg = LlamaConfig(**LLAMA_PRESETS["tiny"])
     torch = train.torch

@@ -129,7 +129,7 @@ def _model(family: str):
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512, attn_implementation="eager",
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False))
     if family == "llamalike":
-        from autosp.testing.models import LlamaConfig, LlamaLike
+        from autosp.models import LlamaConfig, LlamaLike
         return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=64, layers=2, heads=4, kv_heads=2))
     name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
     kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

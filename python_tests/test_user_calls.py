@@ -17,7 +17,7 @@ VOCAB = 64
 
 
 def _llama(shift_labels=True):
-    from autosp.testing.models import LlamaConfig, LlamaLike
+    from autosp.models import LlamaConfig, LlamaLike
     return LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, shift_labels=shift_labels))
 
 

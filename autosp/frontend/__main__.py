@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from autosp.frontend.importer import import_model
     from autosp.ir.diagnostics import AutospError
-    from autosp.testing.models import reference_model
+    from autosp.models import reference_model
 
     torch.manual_seed(0)
     try:

@@ -83,7 +83,7 @@ def load_config(spec: str):
     -> a transformers config."""
     import transformers
 
-    from autosp.testing.models import LLAMA_PRESETS
+    from autosp.models import LLAMA_PRESETS
     if spec in LLAMA_PRESETS:
         p = LLAMA_PRESETS[spec]
         return transformers.LlamaConfig(

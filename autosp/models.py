@@ -6,7 +6,7 @@ registered buffer, non-persistent buffers and a loss computed inside forward.
 
 Example::
 
-    >>> from autosp.testing.models import LlamaLike, LlamaConfig
+    >>> from autosp.models import LlamaLike, LlamaConfig
     >>> model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4))
     >>> ids = torch.randint(0, 64, (2, 16))
     >>> out = model(input_ids=ids, labels=ids)
