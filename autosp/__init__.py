@@ -25,8 +25,8 @@ _EXPORTS = {
     "import_model": "autosp.frontend.importer", "ImportedModel": "autosp.frontend.importer",
     "AutospError": "autosp.ir.diagnostics", "DiagnosticError": "autosp.ir.diagnostics",
     "run_pipeline": "autosp.pipeline", "PipelineError": "autosp.pipeline",
-    "estimate_memory": "autosp.estimate", "max_context": "autosp.estimate", "MemoryEstimate": "autosp.estimate",
-    "measure_step": "autosp.memory", "MemoryReport": "autosp.memory",
+    "estimate_memory": "autosp.planning.estimate", "max_context": "autosp.planning.estimate", "MemoryEstimate": "autosp.planning.estimate",
+    "measure_step": "autosp.planning.memory", "MemoryReport": "autosp.planning.memory",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

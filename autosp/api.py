@@ -14,42 +14,29 @@ another sequence length does not (the sequence dimension is symbolic).
 from __future__ import annotations
 
 import inspect
-import io
-import os
 import itertools
-import pickle  # programs travel between the ranks of one group
-import re
+import os
 import sys
-import time
 import warnings
-from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
-from torch_mlir import ir
 
-from autosp.backend.fx_emitter import _MLIR_TO_TORCH_DTYPE, emit_graph_module
-from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
-from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
-from autosp.ir.core import as_operation, body_ops, funcs, make_context, op_name
+from autosp.driver import (CHECKPOINTING, emit_program, kept_masks, module_choice, module_layout, seq_len_of,
+                           transform, transform_once_per_group)
+from autosp.frontend.importer import input_paths, prepare_input
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
-from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
-from autosp.pipeline import PipelineOptions, run_pipeline
-from autosp.plan import MemoryPlan
+from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
-from autosp.runtime.grad_sync import GradientSync, insert_sync_points, plan_buckets
+from autosp.runtime.grad_sync import GradientSync
+from autosp.units import parse_bytes
 
 # The shortest sequence a call may have (torch.export specialises sizes 0 and 1; a causal
 # LM's shifted labels hold S - 1 positions).
 MIN_SEQ_LEN = 3
-
-# "off" plus the modes of the autosp-checkpoint pass, which defines them.
-CHECKPOINTING = ("off", *CHECKPOINT_MODES)
-
 
 def _accepts(model: torch.nn.Module, name: str) -> bool:
     """Does ``model``'s forward take the keyword ``name``?"""
@@ -101,287 +88,6 @@ def _resolve_sp_size(sp_size: int | None, group) -> int:
     return sp_size
 
 
-@dataclass
-class Transformed:
-    """A model after the frontend and the pass pipeline: everything :func:`emit_program`
-    needs, and nothing that belongs to one rank (so one rank can compile for its group)."""
-    module: ir.Operation  # the transformed builtin.module
-    args: list[ArgInfo]
-    out_spec: object
-    tensor_leaves: list[int]
-    mlir: dict[str, str]
-    timings: dict[str, float]
-
-    def to_bytes(self) -> bytes:
-        """The program as bytes (MLIR bytecode, with source locations, plus its metadata)."""
-        buffer = io.BytesIO()
-        self.module.write_bytecode(buffer)
-        return pickle.dumps((buffer.getvalue(), self.args, self.out_spec, self.tensor_leaves, self.mlir,
-                             self.timings))
-
-    @staticmethod
-    def from_bytes(data: bytes) -> "Transformed":
-        with warnings.catch_warnings():  # torch's own pytree specs, unpickled (LeafSpec's deprecation)
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            code, args, out_spec, tensor_leaves, mlir, timings = pickle.loads(data)  # sent by the group's first rank
-        with make_context():
-            module = ir.Module.parse(code).operation
-        return Transformed(module, args, out_spec, tensor_leaves, mlir, timings)
-
-
-def mesh_options(strategy: str = "ulysses", ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None, seq_len: int | None = None) -> str:
-    """The ``autosp-sp-pipeline`` options that choose the Ulysses x ring mesh."""
-    return (f"strategy={strategy} ulysses-degree={ulysses_degree or 0} ring-degree={ring_degree or 0} "
-            f"ranks-per-node={ranks_per_node or 0} seq-len={seq_len or 0}")
-
-
-def _seq_len(args, kwargs, seq_dim: int) -> int | None:
-    """The example call's sequence length: the first tensor input's size at ``seq_dim``."""
-    return next((x.shape[seq_dim] for x in pytree.tree_leaves((args, kwargs))
-                 if isinstance(x, torch.Tensor) and x.dim() > seq_dim), None)
-
-
-def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
-              gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-              checkpointing: str = "off", group_name: str = "sp", plan: MemoryPlan | None = None,
-              mesh: dict | None = None) -> Transformed:
-    """Export ``model`` on these example inputs and run the pass pipeline for ``sp_size``
-    ranks, then the memory passes: ``plan``'s (:meth:`MemoryPlan.pipeline`), or
-    ``autosp-checkpoint`` unless ``checkpointing="off"``. The result is the same on every
-    rank: collectives name their group ``group_name`` and find their rank at run time.
-    ``mesh``: :func:`mesh_options`' arguments (default: Ulysses)."""
-    start = time.perf_counter()
-    imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
-    mlir = {"imported": str(imported.module)}
-    t0 = time.perf_counter()
-    options = mesh_options(**{"seq_len": _seq_len(args, kwargs, seq_dim), **(mesh or {})})
-    pipeline = pipeline or (f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
-                            f"gather-outputs={str(gather_outputs).lower()} {options}}})")  # (sp-size=1: fuse-gqa, dce)
-    run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
-    memory = plan.pipeline() if plan is not None else (
-        f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})" if checkpointing != "off" else None)
-    if memory is not None:
-        run_pipeline(imported.module, memory, PipelineOptions(dump_dir=dump_dir))
-    bind_group(imported.module, group_name)
-    mlir["transformed"] = str(imported.module)
-    timings = dict(imported.timings, pipeline_s=time.perf_counter() - t0, transform_s=time.perf_counter() - start)
-    return Transformed(imported.module, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
-
-
-def bind_group(module: ir.Operation, group_name: str) -> int:
-    """Name ``group_name`` on every ``autosp.*`` collective of ``module``: a compiled module
-    has one group, whatever group a custom pipeline's passes wrote (their default is
-    ``"sp"``), so no program of one module resolves another module's group. Returns how
-    many ops were renamed."""
-    renamed = 0
-    with module.context:
-        for func in funcs(module):
-            for op in body_ops(func):
-                if op_name(op).startswith("autosp.") and "group" in op.attributes:
-                    _, sep, axis = ir.StringAttr(op.attributes["group"]).value.partition(":")
-                    name = ir.StringAttr.get(group_name + sep + axis)  # sub-groups keep their axis
-                    if op.attributes["group"] != name:
-                        op.attributes["group"] = name
-                        renamed += 1
-    return renamed
-
-
-def module_layout(module) -> "collectives.SeqLayout | None":
-    """The sequence layout ``autosp-partition-attention`` chose (None: none recorded)."""
-    attrs = as_operation(module).attributes
-    if "autosp.sp_layout" not in attrs:
-        return None
-    return collectives.SeqLayout.parse(ir.StringAttr(attrs["autosp.sp_layout"]).value)
-
-
-def module_choice(module) -> str | None:
-    """Why the partition pass chose its mesh (``autosp.sp_choice``), if it recorded it."""
-    attrs = as_operation(module).attributes
-    return ir.StringAttr(attrs["autosp.sp_choice"]).value if "autosp.sp_choice" in attrs else None
-
-
-def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
-                 backend: str | None = None, checkpointing: str = "off",
-                 grad_bucket_bytes: int = 25 << 20) -> CompiledProgram:
-    """Emit a transformed program as a GraphModule this rank calls. The parameters are
-    bucketed for gradient synchronisation (``grad_bucket_bytes``, in reverse order of first
-    use) and a sync point is put before each bucket's first use."""
-    t0 = time.perf_counter()
-    gm = emit_graph_module(transformed.module)
-    t_emit = time.perf_counter() - t0
-    timings = dict(transformed.timings, emit_s=t_emit)
-    timings["total_s"] = timings.get("transform_s", 0.0) + t_emit
-    if verbose:
-        shared = " (received from the group's first rank)" if timings.get("received") else ""
-        print(f"[autosp] compiled in {timings['total_s']:.2f}s (export {timings['export_s']:.2f}s, "
-              f"import {timings['import_s']:.2f}s{' cached' if timings.get('import_cached') else ''}, "
-              f"passes {timings['pipeline_s']:.2f}s, emit {t_emit:.3f}s){shared}", file=sys.stderr)
-    params = dict(model.named_parameters())
-    # FSDP2 parameters are reduce-scattered by their gather's backward, not bucketed.
-    sizes = {i: params[a.name].numel() * params[a.name].element_size() for i, a in enumerate(transformed.args)
-             if a.kind == "parameter" and params[a.name].requires_grad and not fsdp.is_sharded(params[a.name])}
-    buckets = plan_buckets(gm, sizes, grad_bucket_bytes)
-    planned = has_plan(gm)
-    # Sync points in the graph start each bucket's all-reduce as soon as backward completes
-    # it. Not under a whole-graph torch.compile (fullgraph=True would have to trace the
-    # collective): there the all-reduces start when the model's backward is done.
-    in_graph = backend is None or planned
-    if in_graph:
-        insert_sync_points(gm, buckets)
-    # FSDP2 parameters: one unshard point per fully_shard-ed module, before its first use
-    # (not under a whole-graph torch.compile: there the call gathers them all).
-    unshard_groups: list[list[int]] = []
-    if in_graph and any(fsdp.is_sharded(p) for p in params.values()):
-        index = {a.name: i for i, a in enumerate(transformed.args) if a.kind == "parameter"}
-        groups = [[index[n] for n in names if n in index] for names in fsdp.param_groups(model)]
-        unshard_groups = fsdp.insert_unshard_points(gm, [g for g in groups if g])
-    program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
-                              transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
-                              sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
-                              dropped_outputs=dropped_results(transformed.module))
-    compile_ = None
-    if backend is not None:
-        # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
-        def compile_(g):
-            return torch.compile(g, backend=backend, dynamic=True, fullgraph=True)
-    if planned:
-        # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
-        program.runner = checkpointed_module(gm, compile_segment=compile_)
-    elif compile_ is not None:
-        program.runner = compile_(gm)
-    if unshard_groups:
-        program.unshard_order = fsdp.call_order(program.runner if program.runner is not None else gm)
-    return program
-
-
-def dropped_results(module) -> list[int]:
-    """The results ``autosp-tile-loss{drop-logits}`` removed from ``@main`` (the logits)."""
-    from autosp.passes.tile_loss import DROPPED_ATTR
-    from autosp.ir.core import main_func
-    func = main_func(module)
-    return [ir.IntegerAttr(a).value for a in func.attributes[DROPPED_ATTR]] if DROPPED_ATTR in func.attributes else []
-
-
-def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
-                  gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                  verbose: bool = False, backend: str | None = None, checkpointing: str = "off",
-                  group_name: str = "sp", grad_bucket_bytes: int = 25 << 20,
-                  plan: MemoryPlan | None = None) -> CompiledProgram:
-    """:func:`transform` then :func:`emit_program`, on this rank alone. Needs no process
-    group: the program's collectives name their group ``group_name``, bound to a process
-    group with ``collectives.register_group`` before the program runs."""
-    transformed = transform(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, gather_outputs=gather_outputs,
-                            pipeline=pipeline, dump_dir=dump_dir, checkpointing=checkpointing,
-                            group_name=group_name, plan=plan)
-    return emit_program(model, transformed, verbose=verbose, backend=backend, checkpointing=checkpointing,
-                        grad_bucket_bytes=grad_bucket_bytes)
-
-
-def kept_masks(module, seq_len: int) -> list[str]:
-    """One line per attention mask the compiler kept materialised (``autosp.mask_kept``):
-    the op, where the model computes it, how many attention ops read it, why it was not
-    recognised, and its bytes per rank at ``seq_len`` (every dynamic dim is the sequence;
-    the mask is whole on every rank and kept for backward); and one line when hand-written
-    attention was not fused into SDPA (``autosp.unfused_attention``: its scores stay)."""
-    from autosp.ir.builders import vtensor_shape
-    from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, UNFUSED_ATTR
-    found: dict = {}
-    unfused = []
-    for func in funcs(module):
-        for op in body_ops(func):
-            if op_name(op) == SDPA_OP and KEPT_MASK_ATTR in op.attributes:
-                found.setdefault(op.operands[3], []).append(op)
-            if UNFUSED_ATTR in op.attributes:
-                unfused.append(op)
-    names = [f"{a.kind} {a.name}" for a in read_arguments(module)]
-    lines = []
-    for mask, ops in found.items():
-        shape = vtensor_shape(mask.type)
-        dims, dtype = shape if shape is not None else ([], "f32")
-        def nbytes(n: int, dims=dims, dtype=dtype) -> int:
-            total = _MLIR_TO_TORCH_DTYPE.get(dtype, torch.float32).itemsize
-            for d in dims:
-                total *= n if d is None else d
-            return total
-        reason = re.sub(r"block argument %arg(\d+)", lambda m: names[int(m.group(1))]
-                        if int(m.group(1)) < len(names) else m.group(0),
-                        ir.StringAttr(ops[0].attributes[KEPT_MASK_ATTR]).value)
-        long = 131072
-        lines.append(f"autosp: torch.aten.scaled_dot_product_attention{_source(ops[0])} ({len(ops)} op(s)) keeps its "
-                     f"{_dims(dims)} {dtype} attention mask "
-                     f"materialised: {_human(nbytes(seq_len))} per rank at S={seq_len}, kept for backward "
-                     f"({_human(nbytes(long))} at S={long}); not recognised as causal or a sliding window: {reason}")
-    if unfused:
-        shape = vtensor_shape(unfused[0].results[0].type)
-        lines.append(f"autosp: hand-written attention{_source(unfused[0])} ({len(unfused)} softmax op(s)) is not "
-                     f"fused into scaled_dot_product_attention: its {_dims(shape[0] if shape else [])} "
-                     f"scores and probabilities stay, O(S^2) per layer, kept for backward; "
-                     f"{ir.StringAttr(unfused[0].attributes[UNFUSED_ATTR]).value}")
-    return lines
-
-
-def parse_bytes(value: int | str) -> int:
-    """``"70GiB"``, ``"512 MiB"``, ``"1.5e9"``, ``"2GB"`` or an int -> bytes."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise AutospError(f"memory_budget must be positive, got {value}")
-        return value
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in units:
-        raise AutospError(f"memory_budget: cannot read {value!r} as bytes (e.g. 80 * 2**30, \"70GiB\", \"512MiB\")")
-    n = int(float(m.group(1)) * units[m.group(2).lower()])
-    if n <= 0:
-        raise AutospError(f"memory_budget must be positive, got {value!r}")
-    return n
-
-
-def _source(op) -> str:
-    """`` at <last 3 path parts>:<line>`` of the model's source line an op comes from."""
-    files = re.findall(r'"([^"]+)":(\d+)', str(op.location))
-    return f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
-
-
-def _dims(dims) -> str:
-    """``[2, 1, S, S]``: a shape with its dynamic (sequence) dims as S."""
-    return f"[{', '.join('S' if d is None else str(d) for d in dims)}]"
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _transform_once_per_group(run, group) -> Transformed:
-    """``run()`` on the group's first rank; its result (or its error) broadcast to the rest,
-    under the process group's timeout. Saves the other ranks' CPU time: a compilation is
-    mostly tracing, and the ranks of a node share its cores."""
-    first = dist.get_process_group_ranks(group)[0]
-    payload: list[object] = [None]
-    if dist.get_rank() == first:
-        try:
-            transformed = run()
-            payload[0] = ("ok", transformed.to_bytes())
-        except Exception as e:
-            payload[0] = ("error", f"{type(e).__name__}: {e}")
-            dist.broadcast_object_list(payload, src=first, group=group)
-            raise
-        dist.broadcast_object_list(payload, src=first, group=group)
-        return transformed
-    dist.broadcast_object_list(payload, src=first, group=group)
-    kind, data = cast(tuple[str, Any], payload[0])
-    if kind != "ok":
-        raise AutospError(f"rank {first} could not compile the model for this group: {data}")
-    transformed = Transformed.from_bytes(data)
-    transformed.timings["received"] = 1.0
-    return transformed
-
-
 class AutospModule(torch.nn.Module):
     """Wraps the user's model; compiles it per input signature at the first call.
 
@@ -409,7 +115,7 @@ class AutospModule(torch.nn.Module):
                  ranks_per_node: int | None = None, check_inputs: bool = True):
         super().__init__()
         self.module = model
-        from autosp.strategy import STRATEGIES
+        from autosp.planning.strategy import STRATEGIES
         if sp_strategy not in STRATEGIES:
             raise AutospError(f"sp_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {sp_strategy!r}")
         for what, d in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree),
@@ -572,11 +278,11 @@ class AutospModule(torch.nn.Module):
         if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
             transformed = run()
         else:
-            transformed = _transform_once_per_group(run, group)
+            transformed = transform_once_per_group(run, group)
         self._bind_layout(transformed.module)
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
                                checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
-        seq = _seq_len(args, kwargs, self.seq_dim)
+        seq = seq_len_of(args, kwargs, self.seq_dim)
         if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             for line in kept_masks(transformed.module, seq):
                 warnings.warn(line, stacklevel=4)
@@ -657,7 +363,7 @@ class AutospModule(torch.nn.Module):
         if self.memory_plan is not None:
             plan = self.memory_plan
         elif self.memory_budget is not None:
-            from autosp.planner import plan_memory
+            from autosp.planning.planner import plan_memory
             plan = plan_memory(self.module, args, kwargs, self.memory_budget, sp_size=self.sp_size,
                                seq_dim=self.seq_dim, drop_logits=self.drop_logits, verbose=self.verbose,
                                optimizer=self.optimizer, mesh=self.mesh_request,

@@ -10,7 +10,7 @@ packed documents) this times one forward + backward of
 - "kernel": the autosp kernel (:mod:`autosp.runtime.attention`) the emitter calls instead,
 
 side by side in one process, one thread, fp32, batch 1 (one rank's heads under Ulysses), and
-counts the bytes autograd keeps for backward (:class:`autosp.memory.SavedTensors`). It also
+counts the bytes autograd keeps for backward (:class:`autosp.planning.memory.SavedTensors`). It also
 tries FlexAttention (``torch.nn.attention.flex_attention``, compiled), the other candidate
 the issue names, and reports why it cannot serve when it fails. Prints a table and appends
 it to bench/RESULTS.md.
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.memory import SavedTensors  # noqa: E402
+from autosp.planning.memory import SavedTensors  # noqa: E402
 from autosp.runtime import attention  # noqa: E402
 from results import append_section  # noqa: E402
 

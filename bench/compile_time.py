@@ -3,7 +3,7 @@
     python bench/compile_time.py [--layers 2 8 32] [--no-inductor]
 
 autosp: export + torch-mlir import + the SP=2 pass pipeline (+ autosp-checkpoint for
-the SAC column) + FX emission, timed by ``autosp.api.build_program`` (no process group
+the SAC column) + FX emission, timed by ``autosp.driver.build_program`` (no process group
 needed to compile). torch.compile: the first forward+backward of
 ``torch.compile(model, dynamic=True)`` with Inductor on one process, minus an eager step,
 with Inductor's caches off so every run compiles from scratch. Model: Llama-like, hidden
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.api import build_program  # noqa: E402
+from autosp.driver import build_program  # noqa: E402
 from autosp.models import LlamaConfig, LlamaLike  # noqa: E402
 from results import append_section  # noqa: E402
 

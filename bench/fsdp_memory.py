@@ -7,7 +7,7 @@ sharded with the FSDP2 recipe (``fully_shard`` on each block, then the root) ove
 ranks of the world, SP over the same P ranks. Measured on every rank, the largest kept:
 parameters, gradients and optimizer state (the bytes of the local shards after one step)
 and the allocator peak of one forward + backward above what existed before
-(:func:`autosp.memory.measure_step`: activations, the unsharded layers, the prefetch
+(:func:`autosp.planning.memory.measure_step`: activations, the unsharded layers, the prefetch
 buffers, each layer's whole gradient until its reduce-scatter, and the local gradients).
 Estimated: the same program on meta tensors with the FSDP2 mechanism simulated
 (:func:`autosp.estimate_memory` with ``fsdp=P``). Prints a table and appends it to
@@ -42,7 +42,7 @@ def measure(rank, world, queue, seq, mode):
     """One rank: model state bytes and the step's allocator peak (the smaller of two steps)."""
     import autosp
     from torch.distributed.fsdp import fully_shard
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
@@ -68,7 +68,7 @@ def measure(rank, world, queue, seq, mode):
 
 
 def estimate(world: int, seq: int, mode: str) -> dict:
-    from autosp.estimate import estimate_memory
+    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
     est = estimate_memory(LlamaConfig(**CONFIG), seq, sp_size=world, dtype=torch.float32, checkpointing=mode,
                           fsdp=world)

@@ -9,7 +9,7 @@ without checkpointing for a ~1B Llama at long context. Run through bench/gpu_che
    with and without padding; packed documents: one varlen launch; ring pairs: flash /
    efficient with the log-sum-exp, the explicit backward) in bf16 and fp32, forward and
    backward, against eager attention in fp64 with the dense mask, and the kernel each ran
-   (``autosp.fake_cuda.ATTENTION_KERNELS``, recorded by a dispatch mode).
+   (``autosp.planning.fake_cuda.ATTENTION_KERNELS``, recorded by a dispatch mode).
 
 1. Parity: a small Llama-like model (fp32, GQA, RoPE, loss inside), ``autosp.compile``
    with checkpointing off / sac / full against eager PyTorch on the same device: loss and
@@ -79,7 +79,7 @@ def attention_kinds_parity(device) -> tuple[list[str], bool]:
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from autosp.fake_cuda import ATTENTION_KERNELS
+    from autosp.planning.fake_cuda import ATTENTION_KERNELS
     from autosp.runtime import attention, ring
 
     class Kernels(TorchDispatchMode):
@@ -236,8 +236,8 @@ def budget_check(device, size: str, seqs, tiles: int) -> list[str]:
     recompute, ``tiles`` token-wise tiles, every layer's input offloaded to pinned host
     memory): the memory model's prediction on CUDA's kernels against
     ``torch.cuda.max_memory_allocated``, step time and tokens/s."""
-    from autosp.estimate import MemoryModel
-    from autosp.plan import MemoryPlan
+    from autosp.planning.estimate import MemoryModel
+    from autosp.planning.plan import MemoryPlan
     cfg = LlamaConfig(**LLAMA_PRESETS[size], max_positions=max(seqs))
     plan = MemoryPlan(layers=("full+offload",) * cfg.layers, tiles=tiles, loss_chunk=4096, drop_logits=True)
     rows = ["", f"Llama '{size}', bf16, one device, plan: tiled loss (logits dropped), full recompute, "
@@ -322,7 +322,7 @@ def main() -> int:
 
 def sizes_table(args, device) -> list[str]:
     """Step time and peak of eager / autosp / SAC / full at each of ``args.seqs``."""
-    from autosp.estimate import MemoryModel
+    from autosp.planning.estimate import MemoryModel
     rows = ["", f"Llama '{args.size}' ({LLAMA_PRESETS[args.size]}), bf16, batch 1, fwd+bwd, no optimizer", "",
             "| S | mode | step s | max_memory_allocated GiB | memory model GiB | vs eager time |",
             "|---|---|---|---|---|---|"]

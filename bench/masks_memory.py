@@ -14,10 +14,10 @@ hidden 64, 2 layers, 4 heads (Llama/Mistral: 2 KV heads), fp32, batch 1, SP over
 
 "Before": what the compiler did before it proved these masks (every mask kept
 materialised, hand-written attention left as written); "after": what it does now. The
-``--measured`` lengths run on gloo ranks and count with :class:`autosp.memory.SavedTensors`
+``--measured`` lengths run on gloo ranks and count with :class:`autosp.planning.memory.SavedTensors`
 on rank 0 (one forward, the compiled program reused across lengths); the ``--simulated``
 lengths run the same compiled program on the meta device with the memory model
-(:class:`autosp.estimate.MemoryModel`, rank 0), as do measured cells that would not fit
+(:class:`autosp.planning.estimate.MemoryModel`, rank 0), as do measured cells that would not fit
 this machine (marked "sim"). Prints a table and appends it to bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _disable_recognition() -> None:
 
 def measure(rank, world, queue, call, seqs, before):
     import autosp
-    from autosp.memory import SavedTensors
+    from autosp.planning.memory import SavedTensors
     if before:
         _disable_recognition()
     torch.manual_seed(0)
@@ -98,7 +98,7 @@ def measure(rank, world, queue, call, seqs, before):
 
 
 def simulate(rank, world, queue, call, seqs, before, sp):
-    from autosp.estimate import MemoryModel
+    from autosp.planning.estimate import MemoryModel
     if before:
         _disable_recognition()
     torch.manual_seed(0)

@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.api import CHECKPOINTING  # noqa: E402
-from autosp.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
+from autosp.driver import CHECKPOINTING  # noqa: E402
+from autosp.planning.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 from results import append_section  # noqa: E402
 
 
@@ -44,7 +44,7 @@ SETUPS = (("8 x 80 GiB", 8, 80, "adamw", 1 << 19), ("1 x 141 GiB", 1, 141, "host
 
 def mechanisms(devices) -> str:
     """The per-mechanism max-context table (see the module docstring)."""
-    from autosp.plan import MemoryPlan
+    from autosp.planning.plan import MemoryPlan
     rows = ["| setup | mechanism | " + " | ".join(f"max context ({d} kernels)" for d in devices)
             + " | GiB/rank at the limit (" + devices[-1] + ") |", "|---|---|" + "---|" * (len(devices) + 1)]
     for label, sp, gib, optimizer, granule in SETUPS:

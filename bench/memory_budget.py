@@ -23,7 +23,7 @@ from autosp.testing.distributed import run_ranks
 
 def _measure(rank, world, queue, seq, repeat):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
@@ -73,8 +73,8 @@ def measure(seq: int, repeat: int) -> str:
 def simulate(setups) -> str:
     """Total GiB per rank (state + activation peak) of Llama-3-8B for each plan, at each
     length of each setup ``(sp, fsdp, optimizer, lengths)``."""
-    from autosp.estimate import GiB, MemoryModel
-    from autosp.plan import MemoryPlan
+    from autosp.planning.estimate import GiB, MemoryModel
+    from autosp.planning.plan import MemoryPlan
     layers = 32
     rows = [("SAC-min (before)", MemoryPlan(mode="sac-min", tile_loss=False)),
             ("+ tiled loss", MemoryPlan(mode="sac-min", loss_chunk=4096, drop_logits=True)),
@@ -102,10 +102,10 @@ def plan_8b(seq: int, sp: int, budget: str, optimizer: str) -> None:
     """Print the plan ``memory_budget`` chooses for Llama-3-8B (random weights on meta,
     bf16) at ``seq`` tokens over ``sp`` GPUs with FSDP2 over the same ranks, planned as on
     CUDA (offload is a rung)."""
-    from autosp.api import parse_bytes
-    from autosp.estimate import _meta_model
-    from autosp.planner import plan_memory
-    model = _meta_model("8b", torch.bfloat16)
+    from autosp.units import parse_bytes
+    from autosp.planning.estimate import meta_model
+    from autosp.planning.planner import plan_memory
+    model = meta_model("8b", torch.bfloat16)
     ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
     t0 = time.perf_counter()
     plan_memory(model, (ids,), {"labels": ids}, parse_bytes(budget), sp_size=sp, fsdp=sp, optimizer=optimizer,

@@ -4,7 +4,7 @@
 
 Model: PEERS.md's Llama-like (hidden 256, 4 layers, 8 heads, SwiGLU 768, vocab 1024),
 fp32, P=2. Measured: saved and allocator-peak bytes of one step on each rank
-(:func:`autosp.memory.measure_step`, the largest rank). Estimated: the same program on
+(:func:`autosp.planning.memory.measure_step`, the largest rank). Estimated: the same program on
 meta tensors as a simulated rank (:func:`autosp.estimate_memory`). Prints a table and
 appends it to bench/RESULTS.md. (python_tests/test_memory.py checks the 10% bound.)
 """
@@ -27,7 +27,7 @@ MODES = ("off", "sac", "full")
 
 def _body(rank, world, queue, seq):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    from autosp.estimate import MemoryModel
+    from autosp.planning.estimate import MemoryModel
     from autosp.models import LlamaConfig
     rows = ["| S | checkpointing | saved MiB measured | estimated | error | peak MiB measured | estimated | error |",
             "|---|---|---|---|---|---|---|---|"]

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from autosp.memory import PeakTracker, _storage_key
+from autosp.planning.memory import PeakTracker, _storage_key
 
 SAVED: set[int] = set()  # storages autograd saved for backward (and that still exist)
 
@@ -67,10 +67,10 @@ class BlameTracker(PeakTracker):
 
 
 def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top):
-    from autosp.estimate import GiB, MemoryModel
-    from autosp.plan import MemoryPlan
+    from autosp.planning.estimate import GiB, MemoryModel
+    from autosp.planning.plan import MemoryPlan
     from autosp.models import LLAMA_PRESETS, LlamaConfig
-    import autosp.estimate as estimate
+    import autosp.planning.estimate as estimate
     config = LlamaConfig(**{**LLAMA_PRESETS["8b"], "layers": layers})
     plan = MemoryPlan(layers=(plan_mode,) * layers, tiles=tiles, loss_chunk=loss_chunk, drop_logits=True)
     model = MemoryModel(config, sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan, optimizer=optimizer,

@@ -23,7 +23,7 @@ Each returns ``{"name", "step_s", "first_step_s", "saved_bytes", "peak_bytes",
 included), ``step_s`` the median of ``steps`` timed steps after ``warmup`` warm-up
 calls (the first call counts as one of them); a step is forward, backward and the
 gradient all-reduce where the system needs one. Memory is one extra step measured with
-:func:`autosp.memory.measure_step` (saved tensors once per storage, parameters
+:func:`autosp.planning.memory.measure_step` (saved tensors once per storage, parameters
 excluded; allocator peak of forward+backward), the gradient all-reduce outside it.
 ``loss`` is the measured step's global loss; ``grads`` ({name: tensor}, after the
 gradient all-reduce) only with ``return_grads=True``.
@@ -54,7 +54,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.memory import MiB, measure_step  # noqa: E402
+from autosp.planning.memory import MiB, measure_step  # noqa: E402
 
 IGNORE = -100
 

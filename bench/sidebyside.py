@@ -10,7 +10,7 @@ fp32, SDPA) on the same batch, P=2 gloo ranks on CPU with one thread each, one s
 after the other (DeepSpeed AutoSP with and without its SAC each in its own process
 group, as its SAC patches PyTorch globally). Per system and length: step time (fwd+bwd
 and gradient all-reduce; median of ``--steps`` after ``--warmup``), bytes saved for
-backward and peak bytes per rank (:func:`autosp.memory.measure_step`: saved tensors once
+backward and peak bytes per rank (:func:`autosp.planning.memory.measure_step`: saved tensors once
 per storage, parameters excluded; allocator peak), and the loss against single device.
 autosp runs eager (``off``), with SAC and with full recompute, and, with ``--inductor``,
 compiled by Inductor like DeepSpeed AutoSP. Ratios are taken within one run. Prints the

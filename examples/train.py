@@ -78,7 +78,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import autosp  # noqa: E402
 from autosp import AutospError  # noqa: E402
-from autosp.api import CHECKPOINTING, parse_bytes  # noqa: E402
+from autosp.driver import CHECKPOINTING
+from autosp.units import parse_bytes  # noqa: E402
 from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike  # noqa: E402
 
 SIZES = LLAMA_PRESETS  # tiny, small, 1b, 8b (Llama-3-8B's shape)
@@ -771,7 +772,7 @@ def next_flag(est, world: int, sp: int, fsdp: bool, checkpointing: str, budget_b
       --memory-budget (the compiler tiles the loss and MLP and offloads), or twice the
       sequence-parallel ranks, which share each sequence.
 
-    >>> from autosp.estimate import MemoryEstimate
+    >>> from autosp.planning.estimate import MemoryEstimate
     >>> est = MemoryEstimate(1024, 8, torch.float32, "off", 0, 0, activation_peak_bytes=100 * GiB,
     ...                      param_bytes=4 * GiB, grad_bytes=4 * GiB, optimizer_bytes=8 * GiB)
     >>> next_flag(est, 8, 8, False, "off", 80 * GiB)
@@ -814,7 +815,7 @@ def next_flag(est, world: int, sp: int, fsdp: bool, checkpointing: str, budget_b
 def dry_run(args, world: int) -> int:
     """--dry-run: compile on the meta device and print a rank's memory plan (no training,
     no real parameters: an 8B model is shapes only)."""
-    from autosp.estimate import MemoryModel, _meta_model
+    from autosp.planning.estimate import MemoryModel, meta_model
     sp = args.sp or world
     if world % sp:
         raise SystemExit(f"--sp {sp} must divide the number of ranks ({world})")
@@ -829,13 +830,13 @@ def dry_run(args, world: int) -> int:
         what, name = cfg, f"Llama-style '{args.size}' {cfg.layers} layers"
     print(f"dry run: compiling {name} on the meta device for SP {sp} ...", flush=True)
     t0 = time.perf_counter()
-    meta_model = _meta_model(what, dtype)
-    n_params = count_params(meta_model)
+    model_on_meta = meta_model(what, dtype)
+    n_params = count_params(model_on_meta)
     budget = args.gpu_gib * GiB
     fsdp = args.fsdp if args.fsdp is not None else auto_fsdp(n_params, world, budget)
     # With FSDP the plan is the step the runtime executes: FSDP2 over all ranks, one layer
     # unsharded at a time (plus the prefetch), each layer's whole gradient until its reduce-scatter.
-    memory_model = MemoryModel(meta_model, sp, dtype, args.checkpointing, batch=args.batch,
+    memory_model = MemoryModel(model_on_meta, sp, dtype, args.checkpointing, batch=args.batch,
                                fsdp=world if fsdp and world > 1 else 1)
     est = memory_model.estimate(args.seq)
     rows, fits = plan_rows(est, world, fsdp, budget)

@@ -1336,7 +1336,7 @@ def fold_causal_masks(module) -> int:
     only without dropout); return how many.
 
     Masks not proven stay, marked ``autosp.mask_kept = "<reason>"`` (they cost O(S^2)
-    memory; :func:`autosp.api.warn_kept_masks` tells the user at compile time).
+    memory; :func:`autosp.driver.kept_masks` tells the user at compile time).
     """
     func = main_func(module)
     folded = 0

@@ -19,7 +19,7 @@ that neither divide nor are divided by P, are diagnosed at the attention op.
 ``ring-degree``): the ranks form ``ring`` groups of ``ulysses`` ranks. The all-to-alls
 run on the ``<group>:ulysses`` sub-group and attention becomes ``autosp.ring_attention``
 on ``<group>:ring`` (q, k, v sequence-sharded, K/V blocks travelling the ring inside the
-op). ``auto`` prices every mesh the heads allow with :func:`autosp.strategy.choose`
+op). ``auto`` prices every mesh the heads allow with :func:`autosp.planning.strategy.choose`
 (``ranks-per-node``, ``seq-len``); the module gets ``autosp.sp_layout`` (the layout the
 runtime shards the sequence in: zigzag whenever ring > 1) and ``autosp.sp_choice`` (why).
 Ring attention takes SDPA with no mask, a proven sliding window or proven documents; other
@@ -39,7 +39,7 @@ from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.fuse_gqa import repeated_heads
-from autosp.strategy import Candidate, Choice, StrategyError, choose
+from autosp.planning.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
 
 
@@ -126,7 +126,7 @@ def ring_blocker(op, kind: str) -> str | None:
 
 def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
     """The Ulysses x ring mesh for every attention op (one layout for the module):
-    :func:`autosp.strategy.choose` on the first op's heads, limited to meshes every op
+    :func:`autosp.planning.strategy.choose` on the first op's heads, limited to meshes every op
     can run. A forced strategy no op can run is diagnosed at that op."""
     heads = []
     ring_ok = None

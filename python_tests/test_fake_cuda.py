@@ -1,4 +1,4 @@
-"""The CUDA path without a GPU (autosp.fake_cuda): HF models called as trainers call them,
+"""The CUDA path without a GPU (autosp.planning.fake_cuda): HF models called as trainers call them,
 compiled for up to 8 ranks, one training step on CUDA's kernels per simulated rank.
 
 Every case asserts the step is clean (no tensor with two sequence dims, no math attention,
@@ -12,8 +12,8 @@ import pytest
 import torch
 import transformers
 
-from autosp.fake_cuda import CudaStep, cuda_step, sequence_sizes, trainer_call
-from autosp.plan import MemoryPlan
+from autosp.planning.fake_cuda import CudaStep, cuda_step, sequence_sizes, trainer_call
+from autosp.planning.plan import MemoryPlan
 from autosp.runtime import attention, collectives, ring
 
 S = 3000  # no model dim equals one of its shard lengths (the quadratic check reads dims)
@@ -153,9 +153,9 @@ def test_a_shard_length_equal_to_a_model_dim_is_left_out_not_flagged():
     # S / 4 = 64 = hidden: [S/P, hidden] activations would look like two sequence dims.
     step = cuda_step(_llama(), 256, sp_size=4, call="plain", ranks=[3])[0]
     assert 64 in step.ambiguous and step.check()
-    from autosp.fake_cuda import clear_length, model_dims
-    from autosp.estimate import _meta_model
-    dims = model_dims(_meta_model(_llama(), torch.bfloat16))
+    from autosp.planning.fake_cuda import clear_length, model_dims
+    from autosp.planning.estimate import meta_model
+    dims = model_dims(meta_model(_llama(), torch.bfloat16))
     n = clear_length(256, 4, dims)
     assert n > 256 and not sequence_sizes(n, 4) & dims
     assert clear_length(S, 4, dims) == S

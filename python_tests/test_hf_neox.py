@@ -79,7 +79,7 @@ def test_negative_control_wrong_shard_fails(_fresh_seed):
 
 
 def _saved_bytes(fn, params) -> int:
-    from autosp.memory import SavedTensors
+    from autosp.planning.memory import SavedTensors
     with SavedTensors(params) as saved:
         fn()
     return saved.bytes

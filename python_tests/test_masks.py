@@ -67,7 +67,7 @@ def _body(rank, world, queue, family, window, seq, seed, force_fold, memory=Fals
     if rank == 0:
         result.update(_sdpa_masks(compiled.programs[0].mlir["transformed"]))
     if memory:  # bytes kept for backward at S and 2S (the compiled program serves any S)
-        from autosp.memory import SavedTensors
+        from autosp.planning.memory import SavedTensors
         saved = []
         for n in (8 * window, 16 * window):
             long_ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))

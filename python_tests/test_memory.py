@@ -31,7 +31,7 @@ def _model(seed):
 @pytest.mark.parametrize("mode", ["sac", "sac-min", "full"])
 def test_checkpointing_keeps_less_and_matches_eager(mode, _fresh_seed):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.testing.parity import relative_error
     model = _model(_fresh_seed % 10000)
     reference = copy.deepcopy(model)
@@ -48,7 +48,7 @@ def test_checkpointing_keeps_less_and_matches_eager(mode, _fresh_seed):
 
 
 def test_saved_counter_counts_storages_once():
-    from autosp.memory import SavedTensors
+    from autosp.planning.memory import SavedTensors
     w = torch.randn(64, 64, requires_grad=True)
     x = torch.randn(8, 64)
     with SavedTensors([w]) as saved:
@@ -60,7 +60,7 @@ def test_saved_counter_counts_storages_once():
 
 def _measure_body(rank, world, queue, seed):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     model = _model(seed)
     ids = torch.randint(0, CONFIG["vocab"], (1, SEQ), generator=torch.Generator().manual_seed(seed))
     out = {}
@@ -92,7 +92,7 @@ def _measure_body(rank, world, queue, seed):
 
 
 def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
-    from autosp.estimate import estimate_memory
+    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
     measured = run_ranks(_measure_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac", "full"):
@@ -120,7 +120,7 @@ def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
 
 
 def test_max_context_is_the_longest_that_fits():
-    from autosp.estimate import MemoryModel, max_context
+    from autosp.planning.estimate import MemoryModel, max_context
     from autosp.models import LlamaConfig
     cfg = LlamaConfig(**CONFIG)
     model = MemoryModel(cfg, sp_size=4, dtype=torch.bfloat16, checkpointing="sac")
@@ -132,7 +132,7 @@ def test_max_context_is_the_longest_that_fits():
 
 
 def test_estimate_rejects_bad_arguments():
-    from autosp.estimate import estimate_memory
+    from autosp.planning.estimate import estimate_memory
     with pytest.raises(ValueError, match="unknown model preset"):
         estimate_memory("70b", 1024)
     with pytest.raises(ValueError, match="checkpointing"):
@@ -143,7 +143,7 @@ def test_estimate_of_a_hugging_face_config_with_its_cache_on_and_fsdp():
     """A config as ``save_pretrained`` writes it (``use_cache=True``) is estimated as
     training calls it (no cache); with ``fsdp=2`` the model state per rank is half."""
     transformers = __import__("pytest").importorskip("transformers")
-    from autosp.estimate import estimate_memory
+    from autosp.planning.estimate import estimate_memory
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                    use_cache=True)
@@ -160,7 +160,7 @@ def test_memory_model_of_trainer_calls_keeps_no_s_by_s_mask():
     below half the [S, S] boolean mask alone; with the recognition disabled (the control)
     the mask is kept and the bytes grow quadratically."""
     transformers = pytest.importorskip("transformers")
-    from autosp.estimate import MemoryModel
+    from autosp.planning.estimate import MemoryModel
     from autosp.passes import causal_mask
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -42,7 +42,7 @@ def _loss(which, model, ids, world_compiled: bool):
 
 def _parity(rank, world, queue, which, seed, seq, drop_chunk):
     import autosp
-    from autosp.plan import MemoryPlan
+    from autosp.planning.plan import MemoryPlan
     from autosp.runtime import tiling
     from autosp.testing.parity import parameter_distance, relative_error
     model, vocab = _model(which, seed)
@@ -106,7 +106,7 @@ def test_a_dropped_loss_chunk_breaks_parity(_fresh_seed):
 
 def _budget(rank, world, queue, seq):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import relative_error
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def test_memory_budget_holds_when_measured():
 
 def test_infeasible_budget_names_the_smallest_feasible_one():
     from autosp.ir.diagnostics import AutospError
-    from autosp.planner import plan_memory
+    from autosp.planning.planner import plan_memory
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 64))
@@ -162,7 +162,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one():
 
 
 def test_plans_are_deterministic_and_climb_the_ladder():
-    from autosp.planner import Planner
+    from autosp.planning.planner import Planner
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 256))
@@ -177,7 +177,7 @@ def test_plans_are_deterministic_and_climb_the_ladder():
 
 
 def test_memory_budget_strings():
-    from autosp.api import parse_bytes
+    from autosp.units import parse_bytes
     from autosp.ir.diagnostics import AutospError
     assert parse_bytes("70GiB") == 70 << 30 and parse_bytes("512 MiB") == 512 << 20 and parse_bytes(4096) == 4096
     with pytest.raises(AutospError, match="cannot read"):
@@ -192,7 +192,7 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
     plain model used after compile. The IR keeps its torch.bind_symbolic_shape annotations
     at sp_size=1 (the tiled loss must erase them with the log-softmax)."""
     import autosp
-    from autosp.plan import MemoryPlan
+    from autosp.planning.plan import MemoryPlan
     from autosp.testing.parity import relative_error
     if family == "qwen2":
         cfg = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -212,7 +212,7 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
     ids = tokens[:, :-1]  # a view, S = 45
     # The region count comes from the IR (at sp_size=1 transformers' [S, S] mask ops count
     # as attention ops and add regions), as the planner reads it.
-    from autosp.planner import Planner
+    from autosp.planning.planner import Planner
     call = ((ids,), {"labels": ids}) if family == "llamalike" else ((), dict(input_ids=ids, labels=ids,
                                                                               use_cache=False))
     n = Planner(model, *call, sp_size=1).regions

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from autosp.backend.checkpointing import Recompute
-from autosp.memory import PeakTracker, SavedTensors
+from autosp.planning.memory import PeakTracker, SavedTensors
 from autosp.runtime.offload import MODES, Offloader, _CudaTransport, _Handle, _restored_stride
 
 N, H, K = 32, 64, 3  # rows, width, blocks: a block input is N*H*4 = 8 KiB
@@ -335,13 +335,13 @@ def test_offload_applies_to_the_chosen_layers_only():
     layer before, which must not decide), and the memory model's saved bytes lie between
     offloading nothing and offloading every layer. One compilation, each plan's memory
     passes run on a copy (as the planner does)."""
-    from autosp.api import Transformed, transform
-    from autosp.estimate import MemoryModel, _meta_model
+    from autosp.driver import Transformed, transform
+    from autosp.planning.estimate import MemoryModel, meta_model
     from autosp.pipeline import run_pipeline
-    from autosp.plan import MemoryPlan
+    from autosp.planning.plan import MemoryPlan
     from autosp.runtime import collectives
     from autosp.models import LlamaConfig
-    model = _meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
+    model = meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
     ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
     with collectives.simulate(1, 0):
         base = transform(model, (ids,), {"labels": ids}, sp_size=1).to_bytes()

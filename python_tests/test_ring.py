@@ -232,7 +232,7 @@ MEMORY_SEQ = 2048
 
 def _ring_memory_body(rank, world, queue, seed):
     import autosp
-    from autosp.memory import measure_step
+    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(**MEMORY_CONFIG))
@@ -250,7 +250,7 @@ def test_memory_model_simulates_the_ring(_fresh_seed):
     """``estimate_memory(sp_strategy="ring")`` (meta tensors, the ring's sub-group simulated
     from the chosen layout) is within 10% of what two ring ranks measure; an estimate of
     one device is not (the comparison can fail)."""
-    from autosp.estimate import estimate_memory
+    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
     measured = run_ranks(_ring_memory_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac"):

@@ -17,7 +17,7 @@ Every op also runs along the feature dim (-1) as a control that the check is not
 over-eager: all of them in one model (``every_op``), which must compile and match. A negative control switches the check off: the
 flip of issue 22 then compiles and its gradients are wrong, so the parity check sees it.
 
-The refusals are checked without ranks (``autosp.api.transform`` runs the passes alone);
+The refusals are checked without ranks (``autosp.driver.transform`` runs the passes alone);
 the parity entries run in one ``run_ranks`` call, one entry after another.
 """
 from __future__ import annotations
@@ -154,7 +154,7 @@ REFUSED = [(c, d) for c, d in SEQ_ENTRIES if c.refused_by is not None]
 
 @pytest.mark.parametrize("case, dim", REFUSED, ids=[f"{c.name}-dim{d}" for c, d in REFUSED])
 def test_along_the_sequence_is_refused_by_name(case, dim):
-    from autosp.api import transform
+    from autosp.driver import transform
     from autosp.ir.diagnostics import AutospError
     ids, labels = _inputs(0)
     model = _model(case.name, dim, 0)

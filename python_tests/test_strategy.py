@@ -1,9 +1,9 @@
-"""The mesh choice (autosp.strategy) and the sequence layouts it implies (SeqLayout)."""
+"""The mesh choice (autosp.planning.strategy) and the sequence layouts it implies (SeqLayout)."""
 import pytest
 import torch
 
 from autosp.runtime.collectives import SeqLayout
-from autosp.strategy import StrategyError, choose, price
+from autosp.planning.strategy import StrategyError, choose, price
 
 
 @pytest.mark.parametrize("layout", [SeqLayout(4), SeqLayout(1, 4), SeqLayout(1, 2, True), SeqLayout(2, 2, True),

@@ -421,7 +421,7 @@ def test_tiled_output_made_of_whole_args(whole):
 def _meta_peak(monkeypatch, simulate: bool, f, *args):
     """(peak live bytes of f(*args).sum().backward() on meta, how many times f's inner
     function ran) with the middle tiles allocated only (simulate) or all run."""
-    from autosp.memory import PeakTracker
+    from autosp.planning.memory import PeakTracker
     if not simulate:
         monkeypatch.setattr(tiling, "_simulated", lambda *t: False)
     tracker = PeakTracker()

@@ -242,7 +242,7 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
 
     import pytest
     train = _load_train()
-    from autosp.estimate import MemoryEstimate
+    from autosp.planning.estimate import MemoryEstimate
     torch = train.torch
     gib = 2**30
     est = MemoryEstimate(1024, 8, torch.float32, "sac", 0, 0, activation_peak_bytes=10 * gib,

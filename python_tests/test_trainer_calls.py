@@ -184,7 +184,7 @@ def _loss(out):
 
 def _run_config(family, call, seq, seed, ignore_documents=False):
     import autosp
-    from autosp.memory import SavedTensors
+    from autosp.planning.memory import SavedTensors
     from autosp.testing.parity import parameter_distance, parity
     torch.manual_seed(seed)
     model = _model(family)
@@ -284,7 +284,7 @@ LONG = 16384
 
 def _long_document_body(rank, world, queue, seed):
     import autosp
-    from autosp.memory import SavedTensors
+    from autosp.planning.memory import SavedTensors
     from autosp.testing.parity import parity
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

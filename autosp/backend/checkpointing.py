@@ -9,7 +9,7 @@ fresh graph (like ``torch.utils.checkpoint``'s reentrant mode, but also under
 ``torch.autograd.grad``). Kept ops (attention,
 collectives) run as usual, so autograd saves what their backward needs and nothing
 else is recomputed. Inputs go through ``ctx.save_for_backward``, so
-``saved_tensors_hooks`` (and :mod:`autosp.memory`) see exactly what is kept.
+``saved_tensors_hooks`` (and :mod:`autosp.planning.memory`) see exactly what is kept.
 
 Example::
 

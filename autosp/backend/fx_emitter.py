@@ -52,7 +52,7 @@ _RENAMED = {
     "torch.aten.size.int": torch.ops.aten.sym_size.int,
 }
 
-_MLIR_TO_TORCH_DTYPE = {
+MLIR_TO_TORCH_DTYPE = {
     "f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
     "si64": torch.int64, "si32": torch.int32, "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8,
     "i1": torch.bool,
@@ -79,9 +79,9 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
     for step in steps.split():
         kind, _, arg = step.partition("(")
         arg = arg.rstrip(")")
-        parsed.append((kind,) if not arg else (kind, _MLIR_TO_TORCH_DTYPE[arg] if kind == "cast" else float(arg)))
+        parsed.append((kind,) if not arg else (kind, MLIR_TO_TORCH_DTYPE[arg] if kind == "cast" else float(arg)))
     return tiling.vocab_logprob(h, weight_t, index, steps=tuple(parsed),
-                                softmax_dtype=_MLIR_TO_TORCH_DTYPE[softmax_dtype] if softmax_dtype else None,
+                                softmax_dtype=MLIR_TO_TORCH_DTYPE[softmax_dtype] if softmax_dtype else None,
                                 chunk=chunk or None)
 
 
@@ -129,9 +129,9 @@ def _attr_value(attr: ir.Attribute):
 def _vtensor_dtype(type_: ir.Type, op) -> torch.dtype:
     shape = vtensor_shape(type_)
     dtype = shape[1] if shape else str(type_)
-    if dtype not in _MLIR_TO_TORCH_DTYPE:
+    if dtype not in MLIR_TO_TORCH_DTYPE:
         raise DiagnosticError.at(op, f"result element type '{dtype}' is not supported by the emitter")
-    return _MLIR_TO_TORCH_DTYPE[dtype]
+    return MLIR_TO_TORCH_DTYPE[dtype]
 
 
 def _literal_tensor(op) -> torch.Tensor:

@@ -44,6 +44,7 @@ class CompiledProgram:
     prefetch: bool = True  # issue the next group's all-gather before the current layer runs
     unshard_order: list[int] = field(default_factory=list)  # the runner's order of calling the groups
     unsharder_factory: Callable | None = None  # (groups, order) -> an fsdp.Unsharder (default: the real one)
+    simulated_shards: list = field(default_factory=list)  # a simulated FSDP2's local shards (the memory model)
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
     dropped_outputs: list[int] = field(default_factory=list)  # output leaves removed by autosp-tile-loss (None)
 

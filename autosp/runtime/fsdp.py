@@ -344,7 +344,7 @@ class Unsharder:
     def saving_tokens(self) -> Iterator[None]:
         """Within: autograd saves an unsharded parameter (or a view of one) as a token and
         gathers it again when backward unpacks it. Other tensors go to the hooks that were
-        active before (e.g. :class:`autosp.memory.SavedTensors`), if any."""
+        active before (e.g. :class:`autosp.planning.memory.SavedTensors`), if any."""
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
 
         def pack(t: torch.Tensor):

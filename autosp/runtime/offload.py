@@ -10,7 +10,7 @@ Which tensors: floating-point tensors of at least ``min_bytes`` that are neither
 parameter nor a view of one (``t._base``); plain ``torch.Tensor`` only (subclasses such as
 DTensor stay as they are). Everything else stays where it is, handed to the hooks that were
 active when :meth:`Offloader.hooks` was entered, if any (e.g.
-:class:`autosp.memory.SavedTensors`).
+:class:`autosp.planning.memory.SavedTensors`).
 
 How, chosen per tensor by its device (``mode="auto"``) or forced:
 
@@ -25,7 +25,7 @@ How, chosen per tensor by its device (``mode="auto"``) or forced:
   as if offloaded, so the mechanism runs, and is tested, without an accelerator.
 * ``"simulate"`` (meta tensors, for the memory model): the handle keeps only shape, stride
   and dtype; unpacking allocates a fresh meta tensor (``torch.empty_strided``), so
-  :class:`autosp.memory.PeakTracker` sees the device memory freed between forward and
+  :class:`autosp.planning.memory.PeakTracker` sees the device memory freed between forward and
   backward and allocated again when backward brings the tensor back.
 * ``"off"``: nothing is offloaded (:meth:`Offloader.hooks` installs no hooks).
 

@@ -9,7 +9,7 @@ never [N, V]. Backward keeps only ``h``, ``weight_t`` and ``index`` and recomput
 block, as ALST's TiledMLP does) in sequence tiles: its forward keeps only the inputs, and
 backward recomputes and differentiates one tile at a time, so the block's intermediates
 ([B, S, ffn]) exist for one tile only. The RNG state is replayed per tile. Inputs go
-through ``ctx.save_for_backward``, so ``saved_tensors_hooks`` (and :mod:`autosp.memory`)
+through ``ctx.save_for_backward``, so ``saved_tensors_hooks`` (and :mod:`autosp.planning.memory`)
 see exactly what is kept.
 
 Example::

@@ -11,7 +11,7 @@ The model is built from its configuration on the meta device (no weights are rea
 memory is used), compiled for ``--world`` sequence-parallel ranks as
 :func:`autosp.compile` compiles it, and one training step (forward, backward; bf16, AdamW,
 batch 1) of the first and the last rank is run on **CUDA's kernels**
-(:func:`autosp.fake_cuda.cuda_step`): each attention call runs the CUDA kernel it will run
+(:func:`autosp.planning.fake_cuda.cuda_step`): each attention call runs the CUDA kernel it will run
 on a GPU, and the memory model counts what those kernels allocate. It prints:
 
 - the mesh (Ulysses x ring) the compiler chose and why;
@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from autosp.planner import human_bytes as _human
+from autosp.units import human_bytes as _human
 
 PROG = "autosp-plan"
 CALLS = ("plain", "position_ids", "padded", "packed")
@@ -69,7 +69,7 @@ def parse_tokens(text: str) -> int:
 
 
 def _bytes(text: str) -> int:
-    from autosp.api import parse_bytes
+    from autosp.units import parse_bytes
     from autosp.ir.diagnostics import AutospError
     try:
         return parse_bytes(text)
@@ -122,9 +122,9 @@ def plan(args) -> dict:
     """The report (the ``--json`` object) for parsed command-line ``args``."""
     import torch
 
-    from autosp.api import module_choice, module_layout, transform
-    from autosp.estimate import MemoryModel, _meta_model
-    from autosp.fake_cuda import clear_length, cuda_step, model_dims, trainer_call
+    from autosp.driver import module_choice, module_layout, transform
+    from autosp.planning.estimate import MemoryModel, meta_model
+    from autosp.planning.fake_cuda import clear_length, cuda_step, model_dims, trainer_call
     from autosp.ir.diagnostics import AutospError
     from autosp.runtime import collectives
     start = time.perf_counter()
@@ -140,7 +140,7 @@ def plan(args) -> dict:
 
     def inputs(ids):
         return trainer_call(args.call, ids)
-    meta = _meta_model(config, torch.bfloat16)
+    meta = meta_model(config, torch.bfloat16)
     plan_obj = None
     example = torch.zeros(1, max(16, 4 * world), dtype=torch.long, device="meta")
 
@@ -151,7 +151,7 @@ def plan(args) -> dict:
         return {**kw, **inputs(ids)}
     kwargs = call_kwargs(example)
     if args.memory_budget is not None:
-        from autosp.planner import plan_memory
+        from autosp.planning.planner import plan_memory
         say(f"[{PROG}] planning for memory_budget {_human(args.memory_budget)} at S={_tokens(seq)} "
             "(the planner estimates each candidate: minutes at 8B)")
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
@@ -217,8 +217,8 @@ def plan(args) -> dict:
 
 def _max_context(model, budget: int, world: int, granularity: int, say) -> int:
     """The longest multiple of ``granularity`` tokens whose step fits ``budget`` per rank
-    (:func:`autosp.estimate.longest_fit`; each probe one step on CUDA's kernels)."""
-    from autosp.estimate import longest_fit
+    (:func:`autosp.planning.estimate.longest_fit`; each probe one step on CUDA's kernels)."""
+    from autosp.planning.estimate import longest_fit
     step = max(granularity, world)
 
     def fits(n: int) -> bool:
@@ -270,8 +270,8 @@ def render(r: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autosp.api import CHECKPOINTING
-    from autosp.strategy import STRATEGIES
+    from autosp.driver import CHECKPOINTING
+    from autosp.planning.strategy import STRATEGIES
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a Hugging Face model directory, its config.json, or a preset (tiny, small, 1b, 8b)")

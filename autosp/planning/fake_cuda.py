@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autosp.runtime import collectives
 
 if TYPE_CHECKING:
-    from autosp.estimate import MemoryEstimate
+    from autosp.planning.estimate import MemoryEstimate
 
 aten = torch.ops.aten
 
@@ -263,14 +263,14 @@ def clear_length(seq_len: int, sp_size: int, dims: set[int]) -> int:
 def cuda_step(model_or_config, seq_len: int, *, sp_size: int = 1, call="position_ids", batch: int = 1,
               checkpointing: str = "off", dtype: torch.dtype = torch.bfloat16, ranks=None, fsdp: int = 1,
               mesh: dict | None = None, plan=None, keep_ops: bool = False, model=None) -> list[CudaStep]:
-    """One training step of ``model_or_config`` (as :func:`autosp.estimate.estimate_memory`
+    """One training step of ``model_or_config`` (as :func:`autosp.planning.estimate.estimate_memory`
     takes it) at ``seq_len`` over ``sp_size`` ranks on CUDA's kernels, per simulated rank
     in ``ranks`` (default: the first and the last). ``call``: a :data:`CALLS` name or a
     function of the meta ids returning the call's other keyword arguments. ``mesh`` (e.g.
     ``{"strategy": "ring"}``), ``checkpointing``, ``plan`` (a MemoryPlan), ``fsdp``: as for
-    the memory model. ``model``: an already built :class:`autosp.estimate.MemoryModel` to
+    the memory model. ``model``: an already built :class:`autosp.planning.estimate.MemoryModel` to
     reuse (its compilation is the slow part). ``keep_ops``: keep every op (large)."""
-    from autosp.estimate import MemoryModel
+    from autosp.planning.estimate import MemoryModel
     inputs = call if callable(call) else (lambda ids: trainer_call(call, ids))
     if model is None:
         model = MemoryModel(model_or_config, sp_size, dtype, checkpointing, batch=batch, fsdp=fsdp, inputs=inputs,

@@ -4,7 +4,7 @@
 passes, same checkpoint plan), then runs one forward and backward on **meta tensors**
 (shapes, no data) as one rank of a simulated group
 (:class:`autosp.runtime.collectives.simulate`), counting with the same counters as the
-measurements (:mod:`autosp.memory`): bytes saved for backward, and peak live bytes. So a
+measurements (:mod:`autosp.planning.memory`): bytes saved for backward, and peak live bytes. So a
 Llama-3-8B at a million tokens is estimated in seconds on a laptop.
 
 Attention is costed on the kernels of the target ``device``: ``"cpu"`` (the fused CPU flash
@@ -33,7 +33,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from autosp.memory import MiB, PeakTracker, SavedTensors
+from autosp.driver import CHECKPOINTING, emit_program, module_layout, transform
+from autosp.planning.memory import MiB, PeakTracker, SavedTensors
+from autosp.runtime import collectives, kernels
 
 GiB = 1 << 30
 # The optimizers whose state the memory model counts on the device ("host-adamw": none,
@@ -46,7 +48,7 @@ DEVICES = ("cpu", "cuda")  # the kernels a program is costed on (autosp.runtime.
 class MemoryEstimate:
     """Per-rank memory of one training step (bytes). ``peak_bytes`` is everything the
     step allocates (activations, temporaries, parameter gradients), as measured by
-    :func:`autosp.memory.measure_step`; ``activation_peak_bytes`` leaves the gradients out
+    :func:`autosp.planning.memory.measure_step`; ``activation_peak_bytes`` leaves the gradients out
     (they are counted in the model state instead)."""
     seq_len: int
     sp_size: int
@@ -82,7 +84,9 @@ class MemoryEstimate:
                 f"peak {self.peak_bytes / MiB:.1f} MiB, activation peak {self.activation_peak_bytes / MiB:.1f} MiB")
 
 
-def _meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
+def meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
+    """``model_or_config`` (a module, an autosp ``LlamaConfig``, a transformers config or a
+    preset name) as a model whose parameters and buffers are meta tensors, in ``dtype``."""
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
     if isinstance(model_or_config, str):
         if model_or_config not in LLAMA_PRESETS:
@@ -134,10 +138,6 @@ class MemoryModel:
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
                  fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: dict | None = None,
                  device: str = "cpu"):
-        from autosp.api import CHECKPOINTING, emit_program, module_layout, transform
-        from autosp.backend.checkpointing import checkpointed_module, has_plan
-        from autosp.runtime import collectives
-        from autosp.runtime import fsdp as fsdp_runtime
         if checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
         if optimizer not in OPTIMIZERS:
@@ -145,7 +145,7 @@ class MemoryModel:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
         self.device = device
-        self.model = _meta_model(model_or_config, dtype)
+        self.model = meta_model(model_or_config, dtype)
         self.dtype = dtype or next(self.model.parameters()).dtype
         self.sp_size, self.checkpointing, self.batch, self.rank = sp_size, checkpointing, batch, rank
         self.optimizer = optimizer
@@ -158,29 +158,11 @@ class MemoryModel:
             if transformed is None:
                 transformed = transform(self.model, args, kwargs, sp_size=sp_size, checkpointing=checkpointing,
                                         plan=plan, mesh=mesh)
-            self.program = emit_program(self.model, transformed, checkpointing=checkpointing)
+            self.program = emit_program(self.model, transformed, checkpointing=checkpointing,
+                                        simulated_fsdp=fsdp)
         # The mesh the compiler chose (ring attention's sub-groups are simulated with it).
         self.layout = module_layout(transformed.module) if sp_size > 1 else None
-        gm = self.program.graph_module
         self.fsdp = fsdp
-        if fsdp > 1:
-            # The FSDP2 recipe (each layer, then the root), run by a simulated Unsharder:
-            # the unsharded layers, prefetch buffers and full-size layer gradients are counted.
-            from autosp.runtime.grad_sync import remove_sync_points
-            remove_sync_points(gm)  # sharded parameters are reduce-scattered, not bucketed
-            self.program.grad_buckets = []
-            index = {a.name: i for i, a in enumerate(self.program.args) if a.kind == "parameter"}
-            groups = [[index[n] for n in names if n in index] for names in fsdp_runtime.recipe_groups(self.model)]
-            self.program.unshard_groups = fsdp_runtime.insert_unshard_points(gm, [g for g in groups if g])
-            state = self.program.state_tensors(self.model)
-            whole = [[state[i] for i in g] for g in self.program.unshard_groups]
-            shards = fsdp_runtime.SimulatedUnsharder.local_shards(whole, fsdp)
-            self._shards = [t for g in shards for t in g]
-            self.program.unsharder_factory = (
-                lambda groups, order: fsdp_runtime.SimulatedUnsharder(groups, fsdp, shards, order=order))
-        self.program.runner = checkpointed_module(gm) if has_plan(gm) else gm
-        if fsdp > 1:
-            self.program.unshard_order = fsdp_runtime.call_order(self.program.runner)
         self.compile_seconds = time.perf_counter() - start
 
     def _kwargs(self, ids: torch.Tensor) -> dict:
@@ -226,14 +208,13 @@ class MemoryModel:
     def _estimate(self, seq_len: int, rank: int, watch=None) -> MemoryEstimate:
         import contextlib
 
-        from autosp.runtime import collectives, kernels
         start = time.perf_counter()
         ids = torch.zeros(self.batch, seq_len, dtype=torch.long, device="meta")
         call = self.call(seq_len) if self.call is not None else ((ids,), self._kwargs(ids))
         leaves, _ = pytree.tree_flatten(call)
         params = list(self.model.parameters())
         if self.fsdp > 1:
-            params = self._shards  # the gradients are the local shards' (the whole ones: transient)
+            params = self.program.simulated_shards  # the gradients are the local shards' (the whole ones: transient)
         for p in params:
             p.grad = None
         tracker = PeakTracker()

@@ -1,6 +1,6 @@
-"""``memory_budget``: choose a :class:`~autosp.plan.MemoryPlan` whose predicted peak fits.
+"""``memory_budget``: choose a :class:`~autosp.planning.plan.MemoryPlan` whose predicted peak fits.
 
-The planner asks the memory model (:mod:`autosp.estimate`: the compiled program run on meta
+The planner asks the memory model (:mod:`autosp.planning.estimate`: the compiled program run on meta
 tensors as one simulated rank, the first and the last, on the kernels of the inputs'
 device: CUDA's for a CUDA job) for the peak of candidate plans,
 and returns the cheapest it finds that fits:
@@ -37,8 +37,17 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils import _pytree as pytree
 
+from autosp.driver import Transformed, transform
+from autosp.ir.builders import vtensor_shape
+from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import AutospError
-from autosp.plan import MemoryPlan
+from autosp.passes.checkpoint import plan_checkpoints
+from autosp.passes.tile_loss import VOCAB_LOGPROB, tile_loss
+from autosp.pipeline import run_pipeline
+from autosp.planning.estimate import MemoryModel, meta_model
+from autosp.planning.plan import MemoryPlan
+from autosp.runtime import collectives
+from autosp.units import human_bytes
 
 GiB = 1 << 30
 TILES = (2, 4, 8, 16, 32, 64)
@@ -52,15 +61,6 @@ class Prediction:
     state_bytes: int
 
 
-def human_bytes(n: float) -> str:
-    """``n`` bytes as ``512 B``, ``1.50 MiB``, ``80.00 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-
 class Planner:
     """Candidate plans for one call, evaluated by the memory model (compiled once: each
     candidate re-runs only the memory passes and the meta step)."""
@@ -68,9 +68,6 @@ class Planner:
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
                  verbose: bool = False, mesh: dict | None = None, device: str | None = None):
-        from autosp.api import transform
-        from autosp.estimate import MemoryModel, _meta_model
-        from autosp.runtime import collectives
         self.sp_size, self.fsdp, self.optimizer, self.verbose = sp_size, fsdp, optimizer, verbose
         leaves, spec = pytree.tree_flatten((args, kwargs))
         device_of = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
@@ -81,7 +78,7 @@ class Planner:
         meta = [torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x for x in leaves]
         self.call = pytree.tree_unflatten(meta, spec)
         self.seq_len = next((x.shape[seq_dim] for x in leaves if isinstance(x, torch.Tensor) and x.dim() > seq_dim), 0)
-        self.model = _meta_model(model, None)
+        self.model = meta_model(model, None)
         self._memory_model = MemoryModel
         start = time.perf_counter()
         with collectives.simulate(sp_size, 0):
@@ -93,16 +90,10 @@ class Planner:
         self.seconds = time.perf_counter() - start
 
     def _count_regions(self) -> int:
-        from autosp.api import Transformed
-        from autosp.passes.checkpoint import plan_checkpoints
         return plan_checkpoints(Transformed.from_bytes(self._base).module, "sac").regions
 
     def _vocab(self) -> int:
         """The LM head's width (0 without a tiled loss)."""
-        from autosp.api import Transformed
-        from autosp.ir.builders import vtensor_shape
-        from autosp.ir.core import body_ops, main_func, op_name
-        from autosp.passes.tile_loss import VOCAB_LOGPROB, tile_loss
         module = Transformed.from_bytes(self._base).module
         tile_loss(module)
         for op in body_ops(main_func(module)):
@@ -120,8 +111,6 @@ class Planner:
 
     def predict(self, plan: MemoryPlan) -> Prediction:
         """The memory model's prediction for ``plan`` (the larger of the first and last rank)."""
-        from autosp.api import Transformed
-        from autosp.pipeline import run_pipeline
         t0 = time.perf_counter()
         transformed = Transformed.from_bytes(self._base)
         run_pipeline(transformed.module, plan.pipeline())
@@ -212,7 +201,7 @@ def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int 
                 verbose: bool = False, fsdp: int = 1, optimizer: str = "adamw",
                 offload: bool | None = None, mesh: dict | None = None, device: str | None = None) -> MemoryPlan:
     """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring);
-    ``mesh``: the Ulysses x ring request (:func:`autosp.api.mesh_options`' arguments);
+    ``mesh``: the Ulysses x ring request (:func:`autosp.driver.mesh_options`' arguments);
     ``device``: whose kernels the candidates are costed on (``"cpu"`` or ``"cuda"``;
     default: the inputs' device, so a CUDA job is planned on CUDA's kernels)."""
     planner = Planner(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, fsdp=fsdp, optimizer=optimizer,

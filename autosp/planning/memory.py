@@ -1,7 +1,7 @@
 """Memory accounting for one training step: saved activations and peak live bytes.
 
 Two exact counters that work on any device, meta included (so the memory model in
-:mod:`autosp.estimate` runs the same counters on tensors without data):
+:mod:`autosp.planning.estimate` runs the same counters on tensors without data):
 
 * :class:`SavedTensors`: bytes of tensors autograd saves for backward during a forward,
   via ``torch.autograd.graph.saved_tensors_hooks``, counted once per storage, with the
