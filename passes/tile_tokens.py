@@ -27,7 +27,8 @@ them all). ``?`` is a rank's shard in some values and the whole sequence in othe
 padding mask, the position ids): :func:`sequence_extents` tells them apart from where each
 value comes from (an ``autosp.shard`` or an all-to-all that scatters the sequence gives a
 shard; a function argument or a gather gives the whole sequence; ops that keep each
-position's place pass it on; anything else gets an extent of its own, equal to no other).
+position's place pass it on, and a row-wise op proves its operands' extents equal;
+anything else gets an extent of its own).
 Ops of two extents interleaved in one segment form two runs; runs whose ops interleave
 are not both tiled (their chunks could not be split apart). Its ops get
 ``autosp.tile = <run id>`` and ``autosp.tiles = N``; the backend runs the run as
@@ -55,7 +56,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
-from autosp.ir.ops import LIST_CONSTRUCT
+from autosp.ir.ops import LIST_CONSTRUCT, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 _log = logging.getLogger(__name__)
@@ -205,18 +206,45 @@ _KEEP_LENGTH = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.un
 def sequence_extents(func) -> dict:
     """For each value of ``func`` with a dynamic (sequence) dim, what that dim spans: a
     rank's shard (``("shard", lo, trim)``: the window of ``autosp.shard``), :data:`FULL`,
-    or an extent of its own (an ``object()`` equal to nothing else) where the IR does not
-    prove it. See the module docstring."""
-    extents: dict = {}
+    or an extent of its own (an ``object()``) where the IR does not prove it.
+
+    Extents are joined (union-find) by what an op proves: a row-wise op's operands with
+    the sequence dim have the result's length there (they could not broadcast otherwise),
+    an op of :data:`_KEEP_LENGTH` keeps its operand's, and attention's output has its
+    query's. So the rotary tables computed from ``arange`` become the whole sequence where
+    they multiply a whole-sequence query (one device, ``sp_size=1``), and a shard where
+    they multiply a shard. Two proven extents that differ (a shard and the whole sequence)
+    are never joined: such an op's result gets an extent of its own. See the module
+    docstring."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) is not x:
+            x = parent[x]
+        return x
+
+    def join(nodes) -> object:
+        roots = list(dict.fromkeys(find(n) for n in nodes))
+        proven = {r for r in roots if not _fresh(r)}
+        if len(proven) > 1:
+            return object()
+        root = proven.pop() if proven else roots[0]
+        for r in roots:
+            if r is not root:
+                parent[r] = root
+        return root
+
+    node: dict = {}
     for arg in func.arguments:
         if _prefix(arg) is not None:
-            extents[arg] = FULL
+            node[arg] = FULL
     for op in body_ops(func):
         name = op_name(op)
         seq_results = [r for r in op.results if _prefix(r) is not None]
         if not seq_results:
             continue
         attrs = op.attributes
+        seq_operands = [node[v] for v in op.operands if _prefix(v) is not None and v in node]
         found: object
         if name == "autosp.shard":
             found = ("shard", attrs["lo"].value, attrs["trim"].value)
@@ -225,13 +253,20 @@ def sequence_extents(func) -> dict:
             found = ("shard", 0, 0) if seq == split else FULL if seq == concat else object()
         elif name == "autosp.all_gather":
             found = FULL
+        elif name == SDPA_OP and op.operands[0] in node:
+            found = node[op.operands[0]]  # the query's positions
+        elif seq_operands and (name in _KEEP_LENGTH or row_wise(op) is None):
+            found = join(seq_operands + [object()])
         else:
-            known = {extents.get(v) for v in op.operands if _prefix(v) is not None}
-            keeps = name in _KEEP_LENGTH or row_wise(op) is None
-            found = known.pop() if keeps and len(known) == 1 and None not in known else object()
+            found = object()
         for r in seq_results:
-            extents[r] = found
-    return extents
+            node[r] = found
+    return {v: find(n) for v, n in node.items()}
+
+
+def _fresh(extent) -> bool:
+    """An extent the IR has not proven (an ``object()`` of its own)."""
+    return not isinstance(extent, (str, tuple))
 
 
 def _runs(func, extents: dict | None = None) -> list[list]:

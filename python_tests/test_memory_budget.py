@@ -236,3 +236,37 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
     # The plain model after compile: untouched, the same function as its copy.
     with torch.no_grad():
         assert relative_error(loss_of(model, ids), loss_of(ref, ids)) <= 1e-6
+
+
+def _tiled_runs(sp: int, layers: int) -> int:
+    """How many token-wise runs autosp-tile-tokens tiles in a Llama's program at ``sp``."""
+    from autosp.driver import transform
+    from autosp.ir.core import body_ops, main_func
+    from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.plan import MemoryPlan
+    from autosp.runtime import collectives
+    with torch.device("meta"):
+        model = LlamaLike(LlamaConfig(vocab=256, hidden=64, layers=layers, heads=4, kv_heads=2, ffn=128))
+    ids = torch.zeros(1, 32, dtype=torch.long, device="meta")
+    with collectives.simulate(sp, 0):
+        t = transform(model, (ids,), {"labels": ids}, sp_size=sp,
+                      plan=MemoryPlan(layers=("full",) * layers, tiles=4, loss_chunk=8))
+    return len({op.attributes["autosp.tile"].value for op in body_ops(main_func(t.module))
+                if "autosp.tile" in op.attributes})
+
+
+def test_one_device_tiles_what_a_shard_tiles():
+    """On one device (no shard, no all-to-all) each layer's MLP is tiled as on a shard: the
+    rotary tables from arange and attention's output are proven the whole sequence where
+    a row-wise op meets them (stop 29 tiled nothing there: 2x the 8B one-GPU peak). The
+    control: tiles=1 tiles nothing, and on meta the tiled one-device peak is lower."""
+    from autosp.models import LlamaConfig
+    from autosp.planning.estimate import MemoryModel
+    from autosp.planning.plan import MemoryPlan
+    assert _tiled_runs(1, 2) == _tiled_runs(2, 2) >= 2
+    cfg = LlamaConfig(vocab=512, hidden=256, layers=2, heads=4, kv_heads=2, ffn=1024)
+    peaks = []
+    for tiles in (1, 16):
+        plan = MemoryPlan(layers=("full",) * 2, tiles=tiles, loss_chunk=1024, drop_logits=True)
+        peaks.append(MemoryModel(cfg, 1, torch.bfloat16, plan=plan).estimate(16384).activation_peak_bytes)
+    assert peaks[1] < 0.75 * peaks[0], peaks
