@@ -77,41 +77,59 @@ class PeakTracker(TorchDispatchMode):
         self.set_aside: set[int] = set()  # live storages left out of peak_other_bytes
         self.set_aside_bytes = 0
         self.peak_other_bytes = 0  # peak of live bytes not set aside (e.g. without gradients)
+        self._sweep_at = 1024  # sweep when this many storages are tracked (freed ones included)
 
     def set_aside_tensor(self, t: torch.Tensor) -> None:
         """Leave ``t``'s storage out of ``peak_other_bytes`` from now on (e.g. a gradient)."""
         key = _storage_key(t)
-        if key in self.live and key not in self.set_aside:
+        if self._known(key) and key not in self.set_aside:
             self.set_aside.add(key)
             self.set_aside_bytes += self.live[key][1]
 
+    def _drop(self, key: int) -> None:
+        n = self.live.pop(key)[1]
+        self.live_bytes -= n
+        if key in self.set_aside:
+            self.set_aside.discard(key)
+            self.set_aside_bytes -= n
+
     def _sweep(self) -> None:
-        dead = [k for k, (ref, _) in self.live.items() if ref.expired()]
-        for k in dead:
-            n = self.live.pop(k)[1]
-            self.live_bytes -= n
-            if k in self.set_aside:
-                self.set_aside.discard(k)
-                self.set_aside_bytes -= n
+        for k in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self._drop(k)
+        self._sweep_at = 2 * len(self.live) + 1024
+
+    def _known(self, key: int) -> bool:
+        """Is ``key`` a live storage created here? An entry whose storage was freed since
+        the last sweep is dropped first (its address may now hold another storage)."""
+        found = self.live.get(key)
+        if found is not None and found[0].expired():
+            self._drop(key)
+            return False
+        return found is not None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
-                if key not in self.live:
+                if not self._known(key):
                     self.external.add(key)
         out = func(*args, **kwargs)
-        self._sweep()
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
-                if key not in self.live and key not in self.external:
+                if not self._known(key) and key not in self.external:
                     storage = t.untyped_storage()
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.live_bytes += storage.nbytes()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        self.peak_other_bytes = max(self.peak_other_bytes, self.live_bytes - self.set_aside_bytes)
+        # live_bytes counts freed storages until a sweep, so it bounds the live bytes from
+        # above (and live - set aside bounds the rest): sweep only where that bound could
+        # be a new peak (exact peaks; one sweep per op made long steps quadratic).
+        if (self.live_bytes > self.peak_bytes or self.live_bytes - self.set_aside_bytes > self.peak_other_bytes
+                or len(self.live) > self._sweep_at):
+            self._sweep()
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.peak_other_bytes = max(self.peak_other_bytes, self.live_bytes - self.set_aside_bytes)
         return out
 
     def current(self) -> int:
