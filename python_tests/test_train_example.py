@@ -90,6 +90,16 @@ def test_failed_verify_exits_non_zero_on_both_ranks_cleanly():
     assert "failed:" not in run.stderr.replace("VERIFY FAILED", "")
 
 
+def test_verify_catches_a_wrong_shard():
+    # Negative control of --verify itself, through a real SP bug: every rank computes on the
+    # next rank's part of the sequence (the compiled model's autosp.shard swapped).
+    run = _torchrun("--steps", "1", "--seq", "32", "--verify", "--debug-wrong-shard", script=VERIFY)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "VERIFY FAILED" in run.stdout and re.search(r"^ +1 +\S+ +NO$", run.stdout, flags=re.M), run.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: exit status 1: the verify check failed" in run.stderr, run.stderr[-4000:]
+
+
 def test_exception_on_one_rank_stops_both_without_a_hang():
     run = _torchrun("--steps", "3", "--seq", "32", "--debug-raise-on-rank", "1", timeout=240, script=VERIFY)
     assert run.returncode != 0

@@ -14,8 +14,10 @@ and each step needs |SP - fp32| <= |single-device bf16 - fp32| + one bf16 step
 
 Run as a script, this file is examples/train.py with the negative controls' options added
 (:class:`Controls`; hidden from --help, absent from the example a user copies):
---debug-sp-loss-offset X moves the SP loss the check sees by X, and --debug-raise-on-rank
-R raises on rank R at step 2 (the job must stop on every rank, without a hang).
+--debug-wrong-shard makes every rank compute on the next rank's part of the sequence (a
+real sharding bug, which --verify must catch), --debug-sp-loss-offset X moves the SP loss
+the check sees by X, and --debug-raise-on-rank R raises on rank R at step 2 (the job must
+stop on every rank, without a hang).
 """
 from __future__ import annotations
 
@@ -206,14 +208,34 @@ class Verify(Hooks):
         return rows, lines, "the verify check failed" if failed.item() else None
 
 
-class Controls(Verify):
-    """:class:`Verify` with the tests' negative controls: ``sp_loss_offset`` moves the SP
-    loss that is logged and judged (the run itself is untouched), and ``raise_on_rank``
-    makes that rank raise at step 2."""
+def _wrong_shard(x, seq_len, dim, lo, trim, group):
+    """``autosp.shard`` gone wrong: every rank takes the next rank's part of a replicated
+    value (as python_tests/test_hf_neox.py's control does)."""
+    from autosp.runtime import collectives
+    p, r = collectives.group_size(group), collectives.group_rank(group)
+    a, b = collectives.span(seq_len, lo, trim, p, (r + 1) % p)
+    a2, b2 = collectives.span(seq_len, lo, trim, p, r)
+    return x.narrow(dim % x.dim(), a - lo, min(b - a, b2 - a2))
 
-    def __init__(self, args, sp_loss_offset: float = 0.0, raise_on_rank: int | None = None):
+
+class Controls(Verify):
+    """:class:`Verify` with the tests' negative controls: ``wrong_shard`` makes the compiled
+    model shard the sequence wrongly (:func:`_wrong_shard`, in this process for good: it
+    runs one job), ``sp_loss_offset`` moves the SP loss that is logged and judged (the run
+    itself is untouched), and ``raise_on_rank`` makes that rank raise at step 2."""
+
+    def __init__(self, args, sp_loss_offset: float = 0.0, raise_on_rank: int | None = None,
+                 wrong_shard: bool = False):
         super().__init__(args)
-        self.sp_loss_offset, self.raise_on_rank = sp_loss_offset, raise_on_rank
+        self.sp_loss_offset, self.raise_on_rank, self.wrong_shard = sp_loss_offset, raise_on_rank, wrong_shard
+
+    def built(self, model, ranks: Ranks) -> None:
+        """:meth:`Verify.built`; with ``wrong_shard``, swap the runtime op the compiler emits
+        for ``autosp.shard`` before the model compiles."""
+        super().built(model, ranks)
+        if self.wrong_shard:
+            from autosp.backend import fx_emitter
+            fx_emitter._AUTOSP_OPS["autosp.shard"] = (_wrong_shard, ("x", "seq_len"))
 
     def step(self, step: int, model) -> None:
         """Raise on ``raise_on_rank`` at step 2, else :meth:`Verify.step`."""
@@ -232,7 +254,9 @@ def main(argv=None) -> int:
     parser = train.build_parser()
     parser.add_argument("--debug-sp-loss-offset", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--debug-raise-on-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return train.main(argv, parser, lambda args: Controls(args, args.debug_sp_loss_offset, args.debug_raise_on_rank))
+    parser.add_argument("--debug-wrong-shard", action="store_true", help=argparse.SUPPRESS)
+    return train.main(argv, parser, lambda args: Controls(args, args.debug_sp_loss_offset, args.debug_raise_on_rank,
+                                                          args.debug_wrong_shard))
 
 
 if __name__ == "__main__":
