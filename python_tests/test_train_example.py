@@ -1,5 +1,8 @@
-"""The main job, examples/train.py, as a user runs it: torchrun with 2 gloo ranks."""
-import importlib.util
+"""The main job, examples/train.py, as a user runs it: torchrun with 2 gloo ranks.
+
+Its negative controls run python_tests/train_verify.py: examples/train.py with the
+controls' options (a moved SP loss must fail --verify; a rank that raises must stop both).
+"""
 import math
 import os
 import re
@@ -7,12 +10,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+import train_verify  # python_tests/train_verify.py; it puts examples/ on sys.path for the rest
+
+import train  # noqa: E402  examples/train.py and its helpers
+import train_data  # noqa: E402
+import train_plan  # noqa: E402
+import train_state  # noqa: E402
+from train_launch import UsageError  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+VERIFY = ROOT / "python_tests" / "train_verify.py"  # TRAIN with the negative controls' options
 
 
-def _torchrun(*args, ranks=2, timeout=300):
+def _torchrun(*args, ranks=2, timeout=300, script=TRAIN):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           str(ROOT / "examples" / "train.py"), *args]
+           str(script), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -20,39 +34,29 @@ def _torchrun(*args, ranks=2, timeout=300):
 def test_bad_sp_size():
     # What torchrun gives each of 2 ranks; the check runs before any process group exists
     # (so every rank fails alike), and one process sees it as a torchrun rank would.
-    cmd = [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "1", "--sp", "3"]
+    cmd = [sys.executable, str(TRAIN), "--steps", "1", "--sp", "3"]
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert bad.returncode != 0 and "--sp 3 must divide the number of ranks (2)" in bad.stderr + bad.stdout
 
 
-def _load_train():
-    """examples/train.py as a module, for its check functions (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("autosp_example_train", ROOT / "examples" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bf16_check_allows_one_bf16_step_beyond_single_device_and_no_more():
-    train = _load_train()
-    assert train.bf16_spacing(7.0) == 2**-5 and train.bf16_spacing(1.0) == 2**-7
-    assert train.bf16_spacing(0.75) == 2**-8 and train.bf16_spacing(-5.0) == 2**-5
+    assert train_verify.bf16_spacing(7.0) == 2**-5 and train_verify.bf16_spacing(1.0) == 2**-7
+    assert train_verify.bf16_spacing(0.75) == 2**-8 and train_verify.bf16_spacing(-5.0) == 2**-5
     # fp32 loss 7.0: one bf16 step is 1/32. SP as close as one device, or within one step more: passes.
-    assert train.check_bf16([7.01, 6.9], [7.02, 6.9], [7.0, 6.9]).ok
-    assert train.check_bf16([7.0 + 2**-5], [7.0], [7.0]).ok
+    assert train_verify.check_bf16([7.01, 6.9], [7.02, 6.9], [7.0, 6.9]).ok
+    assert train_verify.check_bf16([7.0 + 2**-5], [7.0], [7.0]).ok
     # Negative controls: two bf16 steps off while one device is exact (the symptom's 0.06), a
     # single bad step among good ones, a NaN, a missing step.
-    assert not train.check_bf16([7.0625], [7.0], [7.0]).ok
-    assert not train.check_bf16([7.0, 7.1, 7.0], [7.0, 7.0, 7.0], [7.0, 7.0, 7.0]).ok
-    assert not train.check_bf16([math.nan], [7.0], [7.0]).ok
-    assert not train.check_bf16([7.0], [7.0, 7.0], [7.0, 7.0]).ok
-    rows = train.check_bf16([7.0, 7.1], [7.0, 7.0], [7.0, 7.0]).lines
+    assert not train_verify.check_bf16([7.0625], [7.0], [7.0]).ok
+    assert not train_verify.check_bf16([7.0, 7.1, 7.0], [7.0, 7.0, 7.0], [7.0, 7.0, 7.0]).ok
+    assert not train_verify.check_bf16([math.nan], [7.0], [7.0]).ok
+    assert not train_verify.check_bf16([7.0], [7.0, 7.0], [7.0, 7.0]).ok
+    rows = train_verify.check_bf16([7.0, 7.1], [7.0, 7.0], [7.0, 7.0]).lines
     assert rows[-2].split()[-1] == "yes" and rows[-1].split()[-1] == "NO", rows
     # fp32 keeps its tolerance: 1e-3 x max(1, |first loss|).
-    assert train.check_fp32([5.0, 4.0], [5.0, 4.004]).ok
-    assert not train.check_fp32([5.0, 4.0], [5.0, 4.006]).ok
+    assert train_verify.check_fp32([5.0, 4.0], [5.0, 4.004]).ok
+    assert not train_verify.check_fp32([5.0, 4.0], [5.0, 4.006]).ok
 
 
 def test_bf16_verify_passes_against_an_fp32_reference():
@@ -74,8 +78,9 @@ def test_bf16_verify_passes_against_an_fp32_reference():
 
 
 def test_failed_verify_exits_non_zero_on_both_ranks_cleanly():
-    # Negative control: a hidden debug knob shifts the reported SP loss by 0.1 (3 bf16 steps at 5.5).
-    run = _torchrun("--steps", "2", "--seq", "32", "--dtype", "bf16", "--verify", "--debug-sp-loss-offset", "0.1")
+    # Negative control: the harness shifts the SP loss the check sees by 0.1 (3 bf16 steps at 5.5).
+    run = _torchrun("--steps", "2", "--seq", "32", "--dtype", "bf16", "--verify", "--debug-sp-loss-offset", "0.1",
+                    script=VERIFY)
     assert run.returncode != 0, run.stdout[-3000:]
     assert "VERIFY FAILED" in run.stdout and re.search(r"^ +1 .* NO$", run.stdout, flags=re.M), run.stdout
     for rank in (0, 1):
@@ -85,8 +90,18 @@ def test_failed_verify_exits_non_zero_on_both_ranks_cleanly():
     assert "failed:" not in run.stderr.replace("VERIFY FAILED", "")
 
 
+def test_verify_catches_a_wrong_shard():
+    # Negative control of --verify itself, through a real SP bug: every rank computes on the
+    # next rank's part of the sequence (the compiled model's autosp.shard swapped).
+    run = _torchrun("--steps", "1", "--seq", "32", "--verify", "--debug-wrong-shard", script=VERIFY)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "VERIFY FAILED" in run.stdout and re.search(r"^ +1 +\S+ +NO$", run.stdout, flags=re.M), run.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: exit status 1: the verify check failed" in run.stderr, run.stderr[-4000:]
+
+
 def test_exception_on_one_rank_stops_both_without_a_hang():
-    run = _torchrun("--steps", "3", "--seq", "32", "--debug-raise-on-rank", "1", timeout=240)
+    run = _torchrun("--steps", "3", "--seq", "32", "--debug-raise-on-rank", "1", timeout=240, script=VERIFY)
     assert run.returncode != 0
     assert "rank 1: failed:" in run.stderr and "a deliberate failure at step 2" in run.stderr, run.stderr[-4000:]
     assert "rank 0: stopped: another rank failed or left" in run.stderr, run.stderr[-4000:]
@@ -95,7 +110,7 @@ def test_exception_on_one_rank_stops_both_without_a_hang():
 
 def _python(*args, timeout=300):
     """examples/train.py without torchrun: a world of one (or a --dry-run)."""
-    cmd = [sys.executable, str(ROOT / "examples" / "train.py"), *args]
+    cmd = [sys.executable, str(TRAIN), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -123,16 +138,14 @@ def test_fsdp_init_from_save_and_resume_at_another_world_size_with_data_parallel
     import argparse
 
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
-    train = _load_train()
     cfg = LlamaConfig(**LLAMA_PRESETS["tiny"])
-    torch = train.torch
     torch.manual_seed(1234)
     init = LlamaLike(cfg)
     with torch.no_grad():
         init.embed.weight.mul_(3)  # far from the default initialisation
     weights = tmp_path / "init.pt"
     torch.save(init.state_dict(), weights)
-    ids = train.make_batch(0, argparse.Namespace(seed=0, batch=2, seq=63), cfg.vocab, None, 0)
+    ids = train_data.make_batch(0, argparse.Namespace(seed=0, batch=2, seq=63), cfg.vocab, None, 0)
     torch.manual_seed(0)
     default = LlamaLike(cfg)
     with torch.no_grad():
@@ -168,10 +181,10 @@ def test_fsdp_init_from_save_and_resume_at_another_world_size_with_data_parallel
     for load_optimizer in (True, False):
         model = LlamaLike(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)  # train.py's optimizer
-        assert train.load_checkpoint(str(ckpt / "step-000002"), model, opt, load_optimizer) == (2, 0)
+        assert train_state.load_checkpoint(str(ckpt / "step-000002"), model, opt, load_optimizer) == (2, 0)
         single = {}
         for step in (2, 3):
-            ids = train.make_batch(step, batches, cfg.vocab, None, 0)
+            ids = train_data.make_batch(step, batches, cfg.vocab, None, 0)
             if step == 2 and load_optimizer:
                 # World 4's replicas each took one of these two samples: its printed loss is
                 # their mean, not replica 0's (the rank-0 loss it printed before).
@@ -241,15 +254,13 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
     import argparse
 
     import pytest
-    train = _load_train()
     from autosp.planning.estimate import MemoryEstimate
-    torch = train.torch
     gib = 2**30
     est = MemoryEstimate(1024, 8, torch.float32, "sac", 0, 0, activation_peak_bytes=10 * gib,
                          param_bytes=32 * gib, grad_bytes=32 * gib, optimizer_bytes=64 * gib)
-    rows, fits = train.plan_rows(est, 8, True, 80 * gib)  # (32 + 32 + 64) / 8 + 10 = 26 GiB
+    rows, fits = train_plan.plan_rows(est, 8, True, 80 * gib)  # (32 + 32 + 64) / 8 + 10 = 26 GiB
     assert fits and dict(rows)["total"].strip() == "26.00 GiB" and "fits" in rows[-1][1]
-    rows, fits = train.plan_rows(est, 8, False, 80 * gib)  # unsharded: 138 GiB
+    rows, fits = train_plan.plan_rows(est, 8, False, 80 * gib)  # unsharded: 138 GiB
     assert not fits and dict(rows)["total"].strip() == "138.00 GiB" and rows[-1][1].startswith("does not fit")
     # The flag to try when a plan does not fit, from what dominates it.
     def plan(act, state, checkpointing="off"):  # GiB of activation peak and of unsharded model state
@@ -258,7 +269,7 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
                               optimizer_bytes=state * gib // 2)
 
     def flag(est, world=8, fsdp=False, budget=80, sp=None):
-        return train.next_flag(est, world, sp or world, fsdp, est.checkpointing, budget * gib, sp_given=sp is not None)
+        return train_plan.next_flag(est, world, sp or world, fsdp, est.checkpointing, budget * gib, sp_given=sp is not None)
     assert flag(est, fsdp=True) is None  # 26 GiB fits
     assert flag(est) == "--fsdp"  # the state (128 GiB unsharded) dominates the activations (10 GiB)
     assert flag(plan(100, 40)) == "--checkpointing sac"  # activations dominate: keep less for backward
@@ -274,27 +285,27 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
     assert fallback.endswith("or --world 16 (twice the sequence-parallel ranks)"), fallback
     assert flag(plan(100, 40, "full"), fsdp=True, sp=4).endswith("or --world 16 --sp 8 (twice the "
                                                                  "sequence-parallel ranks)")
-    assert train.memory_label(torch.device("cuda", 0)) == "peak alloc" and train.memory_label(torch.device("cpu")) \
+    assert train_state.memory_label(torch.device("cuda", 0)) == "peak alloc" and train_state.memory_label(torch.device("cpu")) \
         == "peak RSS"
     # FSDP by default: on for 1b and 8b at world > 1, off for tiny, small and one rank.
     for size, world, on in (("tiny", 8, False), ("small", 8, False), ("1b", 2, True), ("8b", 8, True),
                             ("8b", 1, False)):
-        cfg = train.LlamaConfig(**train.SIZES[size])
+        cfg = train_state.LlamaConfig(**train_state.SIZES[size])
         with torch.device("meta"):
-            n = train.count_params(train.LlamaLike(cfg))
-        assert train.auto_fsdp(n, world, 80 * gib) == on, (size, world)
+            n = train_state.count_params(train_state.LlamaLike(cfg))
+        assert train_state.auto_fsdp(n, world, 80 * gib) == on, (size, world)
     # The batch of a step is the same however the global batch is split over replicas.
     ns = argparse.Namespace(seed=3, batch=4, seq=9)
-    whole = train.make_batch(5, ns, 256, None, 0)
-    halves = torch.cat([train.make_batch(5, argparse.Namespace(seed=3, batch=2, seq=9), 256, None, r) for r in (0, 1)])
+    whole = train_data.make_batch(5, ns, 256, None, 0)
+    halves = torch.cat([train_data.make_batch(5, argparse.Namespace(seed=3, batch=2, seq=9), 256, None, r) for r in (0, 1)])
     assert torch.equal(whole, halves)
-    assert not torch.equal(whole, train.make_batch(6, ns, 256, None, 0))
+    assert not torch.equal(whole, train_data.make_batch(6, ns, 256, None, 0))
     # --resume DIR: DIR itself when it is a checkpoint, else its latest step folder.
     for step in (2, 10):
         (tmp_path / f"step-{step:06d}").mkdir()
         (tmp_path / f"step-{step:06d}" / ".metadata").write_bytes(b"")
-    assert train.resolve_checkpoint(str(tmp_path)) == str(tmp_path / "step-000010")
-    assert train.resolve_checkpoint(str(tmp_path / "step-000002")) == str(tmp_path / "step-000002")
+    assert train_state.resolve_checkpoint(str(tmp_path)) == str(tmp_path / "step-000010")
+    assert train_state.resolve_checkpoint(str(tmp_path / "step-000002")) == str(tmp_path / "step-000002")
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     errors = [
@@ -345,13 +356,11 @@ def test_packed_loss_and_gradients_equal_the_token_weighted_per_document_ones():
     import argparse
 
     transformers = __import__("pytest").importorskip("transformers")
-    train = _load_train()
-    torch = train.torch
     torch.manual_seed(0)
     # Weights larger than the default 0.02: the logits depend on the context enough that
     # the controls move the loss well beyond the tolerance, not only the gradients.
     model = _tiny_hf_llama(transformers, initializer_range=0.2)
-    ids, position_ids, labels, n_docs = train.make_packed_batch(0, argparse.Namespace(seed=3, batch=2, seq=63),
+    ids, position_ids, labels, n_docs = train_data.make_packed_batch(0, argparse.Namespace(seed=3, batch=2, seq=63),
                                                                 256, None, 0)
     assert ids.shape == position_ids.shape == labels.shape == (2, 63)
     assert n_docs == int((position_ids == 0).sum()) and n_docs >= 4, position_ids
@@ -374,7 +383,7 @@ def test_packed_loss_and_gradients_equal_the_token_weighted_per_document_ones():
             n = end - start - 1  # tokens the document's own loss averages over
             if n == 0:
                 continue  # a one-token document predicts nothing
-            loss, grads = loss_and_grads(doc, labels=train.packed_labels(doc, torch.arange(end - start)[None]))
+            loss, grads = loss_and_grads(doc, labels=train_data.packed_labels(doc, torch.arange(end - start)[None]))
             weighted_loss += n * loss.double()
             for acc, g in zip(weighted_grads, grads):
                 acc += n * g
@@ -407,32 +416,30 @@ def test_pack_documents_of_text_and_tokenised_files_and_its_option_errors(tmp_pa
 
     import numpy as np
     import pytest
-    train = _load_train()
-    torch = train.torch
 
     def texts(docs):
         return [bytes(docs[i].tolist()).decode() for i in range(len(docs))]
 
     (tmp_path / "paragraphs.txt").write_text("first one\nstill first\n\n \t\nsecond\r\n\r\n\n  third  \n")
-    docs = train.load_documents(str(tmp_path / "paragraphs.txt"), 256, 8)
+    docs = train_data.load_documents(str(tmp_path / "paragraphs.txt"), 256, 8)
     assert texts(docs) == ["first on", "e\nstill ", "first", "second", "third"], texts(docs)
     assert "3 documents" in docs.summary and "blank lines" in docs.summary and "5 to pack" in docs.summary
     (tmp_path / "lines.txt").write_text("alpha\nbeta gamma\ndelta\n")
-    docs = train.load_documents(str(tmp_path / "lines.txt"), 256, 16)
+    docs = train_data.load_documents(str(tmp_path / "lines.txt"), 256, 16)
     assert texts(docs) == ["alpha", "beta gamma", "delta"] and "one per line" in docs.summary, docs.summary
     np.save(tmp_path / "tokens.npy", np.array([7, 1, 2, 0, 0, 3, 0, 5, 6, 7, 8, 9, 300], dtype=np.uint16))
-    docs = train.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=0)
+    docs = train_data.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=0)
     assert [docs[i].tolist() for i in range(len(docs))] == [[7, 1, 2, 0], [3, 0], [5, 6, 7, 8], [9, 300 % 256]]
-    with pytest.raises(train.UsageError, match="holds no such token"):
-        train.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=11)
-    with pytest.raises(train.UsageError, match="fewer than one row"):
-        train.load_documents(str(tmp_path / "lines.txt"), 256, 64)
+    with pytest.raises(UsageError, match="holds no such token"):
+        train_data.load_documents(str(tmp_path / "tokens.npy"), 256, 4, doc_sep=11)
+    with pytest.raises(UsageError, match="fewer than one row"):
+        train_data.load_documents(str(tmp_path / "lines.txt"), 256, 64)
 
     # Rows from a file: consecutive documents (wrapping around), the last cut at the row's end.
     (tmp_path / "corpus.txt").write_text(_paragraphs(30))
-    docs = train.load_documents(str(tmp_path / "corpus.txt"), 256, 63)
+    docs = train_data.load_documents(str(tmp_path / "corpus.txt"), 256, 63)
     ns = argparse.Namespace(seed=1, batch=4, seq=63)
-    ids, pos, labels, n = train.make_packed_batch(2, ns, 256, docs, 0)
+    ids, pos, labels, n = train_data.make_packed_batch(2, ns, 256, docs, 0)
     all_docs = [docs[i] for i in range(len(docs))]
     for row, p in zip(ids, pos):
         starts = (p == 0).nonzero().flatten().tolist()
@@ -441,13 +448,13 @@ def test_pack_documents_of_text_and_tokenised_files_and_its_option_errors(tmp_pa
         for k, piece in enumerate(pieces):
             whole = all_docs[(first + k) % len(all_docs)]
             assert torch.equal(piece, whole if k < len(pieces) - 1 else whole[:len(piece)])
-    halves = [train.make_packed_batch(2, argparse.Namespace(seed=1, batch=2, seq=63), 256, docs, r) for r in (0, 1)]
+    halves = [train_data.make_packed_batch(2, argparse.Namespace(seed=1, batch=2, seq=63), 256, docs, r) for r in (0, 1)]
     assert torch.equal(ids, torch.cat([h[0] for h in halves])) and torch.equal(pos, torch.cat([h[1] for h in halves]))
     assert n == halves[0][3] + halves[1][3]
-    assert not torch.equal(ids, train.make_packed_batch(3, ns, 256, docs, 0)[0])
+    assert not torch.equal(ids, train_data.make_packed_batch(3, ns, 256, docs, 0)[0])
     # Synthetic documents: a function of (seed, step, sample) too.
-    synthetic = train.make_packed_batch(0, ns, 256, None, 0)
-    assert all(torch.equal(a, b) for a, b in zip(synthetic[:3], train.make_packed_batch(0, ns, 256, None, 0)[:3]))
+    synthetic = train_data.make_packed_batch(0, ns, 256, None, 0)
+    assert all(torch.equal(a, b) for a, b in zip(synthetic[:3], train_data.make_packed_batch(0, ns, 256, None, 0)[:3]))
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -475,8 +482,6 @@ def test_pack_verify_run_of_a_hugging_face_directory_with_fsdp_matches_and_learn
     import argparse
 
     transformers = __import__("pytest").importorskip("transformers")
-    train = _load_train()
-    torch = train.torch
     torch.manual_seed(0)
     model = _tiny_hf_llama(transformers)
     model.save_pretrained(tmp_path / "hf")
@@ -492,11 +497,11 @@ def test_pack_verify_run_of_a_hugging_face_directory_with_fsdp_matches_and_learn
     first_loss, last_loss = map(float, re.search(r"loss first -> last\s+(\S+) -> (\S+)", out).groups())
     assert last_loss < first_loss, "the loss must go down"
     assert "keeps its" not in run.stderr, "the packed-documents mask is recognised, not kept S x S"
-    docs = train.load_documents(str(data), 256, 63)
+    docs = train_data.load_documents(str(data), 256, 63)
     assert f"packing: {docs.summary} | rows of 63 tokens" in out, out
     diff = float(re.search(r"max \|loss - single-device loss\|\s+(\S+)", out).group(1))
     assert diff <= 1e-4, out
-    batches = [train.make_packed_batch(step, argparse.Namespace(seed=0, batch=2, seq=63), 256, docs, 0)
+    batches = [train_data.make_packed_batch(step, argparse.Namespace(seed=0, batch=2, seq=63), 256, docs, 0)
                for step in range(4)]
     printed = [int(n) for n in re.findall(r"^step +\d+/4 \| loss +\S+ \| +(\d+) docs", out, flags=re.M)]
     assert printed == [b[3] for b in batches], (printed, out)
