@@ -127,6 +127,23 @@ def _loss_of(out):
     return leaves[0].float().sum()
 
 
+def model_state(model: torch.nn.Module, dtype: torch.dtype, optimizer: str) -> tuple[int, int, int]:
+    """``(parameter, gradient, optimizer state)`` bytes of ``model`` trained in ``dtype``
+    with ``optimizer`` (one of :data:`OPTIMIZERS`), unsharded; shared parameters once."""
+    params = {p.untyped_storage()._cdata: p for p in model.parameters()}.values()
+    n = sum(p.numel() for p in params if p.requires_grad)
+    size = torch.empty((), dtype=dtype).element_size()
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = n * size
+    if optimizer == "adamw":
+        optimizer_bytes = n * 8 + (n * 4 if size < 4 else 0)  # fp32 moments (+ fp32 master weights)
+    elif optimizer in ("none", "host-adamw"):  # host-adamw: autosp.runtime.host_optimizer.HostAdamW
+        optimizer_bytes = 0  # (its fp32 masters and moments live in host memory)
+    else:
+        optimizer_bytes = n * 4 if size < 4 else 0
+    return param_bytes, grad_bytes, optimizer_bytes
+
+
 class MemoryModel:
     """One model compiled for the memory model; :meth:`estimate` at any sequence length
     (the program is symbolic in S, so it is compiled once). ``inputs``: a function of the
@@ -178,18 +195,7 @@ class MemoryModel:
         return kwargs
 
     def _state(self) -> tuple[int, int, int]:
-        params = {p.untyped_storage()._cdata: p for p in self.model.parameters()}.values()
-        n = sum(p.numel() for p in params if p.requires_grad)
-        size = torch.empty((), dtype=self.dtype).element_size()
-        param_bytes = sum(p.numel() * p.element_size() for p in params)
-        grad_bytes = n * size
-        if self.optimizer == "adamw":
-            optimizer_bytes = n * 8 + (n * 4 if size < 4 else 0)  # fp32 moments (+ fp32 master weights)
-        elif self.optimizer in ("none", "host-adamw"):  # host-adamw: autosp.runtime.host_optimizer.HostAdamW
-            optimizer_bytes = 0  # (its fp32 masters and moments live in host memory)
-        else:
-            optimizer_bytes = n * 4 if size < 4 else 0
-        return param_bytes, grad_bytes, optimizer_bytes
+        return model_state(self.model, self.dtype, self.optimizer)
 
     def estimate(self, seq_len: int, watch=None) -> MemoryEstimate:
         """Run one step on meta tensors at ``seq_len`` as the simulated rank; without a

@@ -44,7 +44,8 @@ from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import plan_checkpoints
 from autosp.passes.tile_loss import VOCAB_LOGPROB, tile_loss
 from autosp.pipeline import run_pipeline
-from autosp.planning.estimate import MemoryModel, meta_model
+from autosp.planning.depth import TAIL, compose, repeated_layers, with_depth
+from autosp.planning.estimate import MemoryModel, meta_model, model_state
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives
 from autosp.units import human_bytes
@@ -62,12 +63,17 @@ class Prediction:
 
 
 class Planner:
-    """Candidate plans for one call, evaluated by the memory model (compiled once: each
-    candidate re-runs only the memory passes and the meta step)."""
+    """Candidate plans for one call, evaluated by the memory model. The model is compiled
+    once per depth: where its layers repeat (:mod:`autosp.planning.depth`) as copies with
+    2 and 3 layers, each candidate put together from their estimates; otherwise whole.
+    Each candidate then re-runs only the memory passes and the meta step, on the last
+    rank during the search (it also narrows the shifted logits) and on the first rank
+    too for the plan returned; every estimate is cached."""
 
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
-                 verbose: bool = False, mesh: dict | None = None, device: str | None = None):
+                 verbose: bool = False, mesh: dict | None = None, device: str | None = None,
+                 whole: bool = False):
         self.sp_size, self.fsdp, self.optimizer, self.verbose = sp_size, fsdp, optimizer, verbose
         leaves, spec = pytree.tree_flatten((args, kwargs))
         device_of = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
@@ -79,22 +85,40 @@ class Planner:
         self.call = pytree.tree_unflatten(meta, spec)
         self.seq_len = next((x.shape[seq_dim] for x in leaves if isinstance(x, torch.Tensor) and x.dim() > seq_dim), 0)
         self.model = meta_model(model, None)
-        self._memory_model = MemoryModel
+        self._seq_dim, self._mesh = seq_dim, mesh
         start = time.perf_counter()
-        with collectives.simulate(sp_size, 0):
-            base = transform(self.model, *self.call, sp_size=sp_size, seq_dim=seq_dim, mesh=mesh)
-        self._base = base.to_bytes()
-        self.regions = self._count_regions()
+        param_bytes, _, optimizer_bytes = model_state(self.model, next(self.model.parameters()).dtype, optimizer)
+        self.state_bytes = param_bytes // fsdp + optimizer_bytes // fsdp
+        self._bases: dict[int | None, tuple[torch.nn.Module, bytes]] = {}  # depth -> (model, transformed program)
+        self._peaks: dict[tuple, int] = {}  # (shallow plan, rank) -> step peak
+        self.ranks: tuple[int, ...] = (sp_size - 1,)
+        found = "whole=True" if whole else repeated_layers(self.model)
+        self.layers_path: str | None = found[0] if isinstance(found, tuple) else None
+        self.depth: int = found[1] if isinstance(found, tuple) else 0
+        self.why_whole = found if isinstance(found, str) else None
+        if self.layers_path is not None and self._regions(TAIL) != TAIL:
+            self.layers_path, self.why_whole = None, "its checkpoint regions are not one per layer"
+        self.regions = self._regions(None) if self.layers_path is None else self.depth
         self.vocab = self._vocab()
         self.evaluations = 0
         self.seconds = time.perf_counter() - start
 
-    def _count_regions(self) -> int:
-        return plan_checkpoints(Transformed.from_bytes(self._base).module, "sac").regions
+    def _base(self, depth: int | None) -> tuple[torch.nn.Module, bytes]:
+        """The model at ``depth`` layers (None: whole) and its transformed program, compiled once."""
+        if depth not in self._bases:
+            model = self.model if depth is None or self.layers_path is None else \
+                with_depth(self.model, self.layers_path, depth)
+            with collectives.simulate(self.sp_size, 0):
+                base = transform(model, *self.call, sp_size=self.sp_size, seq_dim=self._seq_dim, mesh=self._mesh)
+            self._bases[depth] = (model, base.to_bytes())
+        return self._bases[depth]
+
+    def _regions(self, depth: int | None) -> int:
+        return plan_checkpoints(Transformed.from_bytes(self._base(depth)[1]).module, "sac").regions
 
     def _vocab(self) -> int:
         """The LM head's width (0 without a tiled loss)."""
-        module = Transformed.from_bytes(self._base).module
+        module = Transformed.from_bytes(self._base(TAIL if self.layers_path else None)[1]).module
         tile_loss(module)
         for op in body_ops(main_func(module)):
             if op_name(op) == VOCAB_LOGPROB:
@@ -110,17 +134,28 @@ class Planner:
         return max(1, min(budget // 32, 64 << 20) // (self.vocab * 4))
 
     def predict(self, plan: MemoryPlan) -> Prediction:
-        """The memory model's prediction for ``plan`` (the larger of the first and last rank)."""
+        """The memory model's prediction for ``plan`` on :attr:`ranks` (the largest)."""
         t0 = time.perf_counter()
-        transformed = Transformed.from_bytes(self._base)
-        run_pipeline(transformed.module, plan.pipeline())
-        model = self._memory_model(self.model, self.sp_size, None, optimizer=self.optimizer, fsdp=self.fsdp,
-                                   call=lambda n: self.call, transformed=transformed, device=self.device)
-        est = model.estimate(self.seq_len)
-        state = est.param_bytes // self.fsdp + est.optimizer_bytes // self.fsdp
+        if self.layers_path is None:
+            peak = self._peak(plan, None)
+        else:
+            peak = compose(plan.layers, lambda layers: self._peak(replace(plan, layers=layers), len(layers)))
         self.evaluations += 1
         self.seconds += time.perf_counter() - t0
-        return Prediction(plan, state + est.peak_bytes, est.peak_bytes, state)
+        return Prediction(plan, self.state_bytes + peak, peak, self.state_bytes)
+
+    def _peak(self, plan: MemoryPlan, depth: int | None) -> int:
+        """The step peak of ``plan`` on the model at ``depth`` layers, the largest over :attr:`ranks`."""
+        for rank in self.ranks:
+            if (plan, rank) not in self._peaks:
+                model, base = self._base(depth)
+                transformed = Transformed.from_bytes(base)
+                run_pipeline(transformed.module, plan.pipeline())
+                memory = MemoryModel(model, self.sp_size, None, optimizer=self.optimizer, fsdp=self.fsdp,
+                                     rank=rank, call=lambda n: self.call, transformed=transformed,
+                                     device=self.device)
+                self._peaks[(plan, rank)] = memory.estimate(self.seq_len).peak_bytes
+        return max(self._peaks[(plan, rank)] for rank in self.ranks)
 
     def ladder(self) -> list[str]:
         return ["sac", "sac-min", "full"] + (["full+offload"] if self.offload else [])
@@ -130,7 +165,19 @@ class Planner:
         return MemoryPlan(layers=(last,) * self.regions, tiles=TILES[-1], drop_logits=self.drop_logits)
 
     def plan(self, budget: int) -> tuple[MemoryPlan, Prediction]:
-        """The cheapest plan on the ladder whose prediction fits ``budget``."""
+        """The cheapest plan on the ladder whose prediction fits ``budget``: searched on the
+        last rank, then predicted on the first rank too. If the first rank's peak is the
+        larger and no longer fits (not seen on the models we plan), the search runs again
+        on both ranks."""
+        self.ranks = (self.sp_size - 1,)
+        plan, found = self._search(budget)
+        self.ranks = tuple(sorted({0, self.sp_size - 1}))
+        checked = self.predict(plan)
+        if checked.total_bytes > budget:
+            plan, checked = self._search(budget)
+        return plan, checked
+
+    def _search(self, budget: int) -> tuple[MemoryPlan, Prediction]:
         n = self.regions
         # The last rung first: an infeasible budget fails after one estimate, not a whole ladder.
         floor = self.predict(replace(self.most_aggressive(), loss_chunk=self.loss_chunk(budget)))
