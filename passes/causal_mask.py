@@ -61,7 +61,7 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, main_func, op_name
+from autosp.ir.core import body_ops, const_bool, const_float, is_none, main_func, op_name
 from autosp.ir.ops import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
 from autosp.ir.pass_base import ModulePass
 
@@ -395,7 +395,7 @@ class _MaskInterpreter:
 
     def _start(self, v: ir.Value) -> Lin:
         """A slice start: None is 0."""
-        return Lin() if _is_constant(v, "torch.constant.none") else self._int(v)
+        return Lin() if is_none(v) else self._int(v)
 
     def _list(self, v: ir.Value) -> list[ir.Value]:
         owner = v.owner
@@ -778,7 +778,7 @@ class _MaskInterpreter:
             raise NotProven("slice_scatter with a step")
         start = self._start(ops[3])
         size = self.shape(v)[d]
-        end = None if _is_constant(ops[4], "torch.constant.none") else self.value(ops[4])
+        end = None if is_none(ops[4]) else self.value(ops[4])
         i = Lin.var(d)
         lower = _atom("ge", i - start)
         upper = TRUE if end is None or (isinstance(end, Lin) and (end == size or (
@@ -1322,13 +1322,6 @@ def format_formula(f) -> str:
     return f"{f[0]}({', '.join(format_formula(g) for g in f[1])})"
 
 
-def _is_constant(value: ir.Value, name: str, expected=None) -> bool:
-    owner = value.owner
-    if isinstance(owner, ir.Block) or op_name(owner) != name:
-        return False
-    return expected is None or ir.BoolAttr(owner.attributes["value"]).value == expected
-
-
 def fold_causal_masks(module) -> int:
     """Replace SDPA masks proven to be exactly ``k <= q`` by ``is_causal``, and those proven
     to be exactly a causal sliding window ``q - W < k <= q`` by ``is_causal`` plus
@@ -1342,11 +1335,11 @@ def fold_causal_masks(module) -> int:
     folded = 0
     for op in [o for o in body_ops(func) if op_name(o) == SDPA_OP]:
         mask = op.operands[3]
-        if _is_constant(mask, "torch.constant.none") or not _is_constant(op.operands[5], "torch.constant.bool", False):
+        if is_none(mask) or const_bool(op.operands[5]) is not False:
             continue
         proof = prove_causal(op)
         structured = proof.window is not None or proof.key_padding is not None or proof.documents is not None
-        if structured and not _is_zero_float(op.operands[4]):
+        if structured and const_float(op.operands[4]) != 0.0:
             proof, structured = MaskProof(False, f"{proof.reason}, with dropout"), False
         if not proof.causal and not structured:
             _log.info("SDPA mask %s kept (an S x S mask per layer, saved for backward): %s",
@@ -1397,13 +1390,6 @@ def _key_mask(op, padding: ir.Value, nonzero: bool = False) -> ir.Value:
             x = ir.Operation.create("torch.aten.unsqueeze", results=[b.vtensor_type(dims, dtype)],
                                     operands=[x, b.constant_int(d)]).result
     return x
-
-
-def _is_zero_float(value: ir.Value) -> bool:
-    owner = value.owner
-    if isinstance(owner, ir.Block) or op_name(owner) != "torch.constant.float":
-        return False
-    return ir.FloatAttr(owner.attributes["value"]).value == 0.0
 
 
 @dataclass(frozen=True)

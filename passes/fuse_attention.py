@@ -37,7 +37,7 @@ from typing import ClassVar, cast
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer
+from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
 from autosp.ir.ops import EMPTY_ROWS_ATTR, SDPA_OP, SOFTMAX_OPS, UNFUSED_ATTR
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
@@ -54,16 +54,11 @@ class _NoMatch(Exception):
     """The chain is not exactly softmax attention: the reason, for the log."""
 
 
-def _users(value: ir.Value) -> list:
-    """Users other than ``torch.bind_symbolic_shape`` (which only describes the value)."""
-    return [u.owner for u in value.uses if op_name(u.owner) != "torch.bind_symbolic_shape"]
-
-
 def _only_use(value: ir.Value, what: str):
-    users = _users(value)
-    if len(users) != 1:
-        raise _NoMatch(f"{what} has {len(users)} users")
-    return users[0]
+    found = users(value)
+    if len(found) != 1:
+        raise _NoMatch(f"{what} has {len(found)} users")
+    return found[0]
 
 
 def _op(value: ir.Value, *names: str):

@@ -35,7 +35,7 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer
+from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer, users
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.fuse_gqa import repeated_heads
@@ -314,11 +314,6 @@ def _is_bhsd(value, info: SequenceInfo) -> bool:
     return shape is not None and len(shape[0]) == 4 and info.seq_dims(value) == [SEQ_DIM]
 
 
-def _users(value) -> list:
-    """The ops that use ``value``, shape annotations aside."""
-    return [u.owner.operation for u in value.uses if op_name(u.owner) != ops.BIND_SHAPE]
-
-
 def _trace_back(value, info: SequenceInfo, attention_op, what: str):
     """From a matmul operand back through reshapes to the [B, H, S, D] tensor it came from."""
     while not _is_bhsd(value, info):
@@ -350,7 +345,7 @@ def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int
     """From the softmax result forward to the matmul with the values (through casts,
     dropout, reshapes): a depth-first search over users that keep two sequence dims."""
     if depth > 0:
-        for op in _users(value):
+        for op in users(value):
             if op_name(op) in ops.ATTENTION_MATMULS and op.operands[0] == value:
                 return op
             for r in op.results:
@@ -366,11 +361,11 @@ def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int
 def _trace_forward(value, info: SequenceInfo, attention_op):
     """From the output matmul forward through reshapes to the [B, H, S, D] output."""
     while not _is_bhsd(value, info):
-        users = _users(value)
-        if len(users) != 1 or op_name(users[0]) not in ops.ATTENTION_RESHAPES:
+        found = users(value)
+        if len(found) != 1 or op_name(found[0]) not in ops.ATTENTION_RESHAPES:
             raise DiagnosticError.at(attention_op, "is softmax attention whose output does not return to a "
                                                    "[batch, heads, seq, head_dim] tensor")
-        value = users[0].results[0]
+        value = found[0].results[0]
     return value
 
 
