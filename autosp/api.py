@@ -34,6 +34,7 @@ from autosp.backend.fx_emitter import _MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, input_paths, prepare_input, read_arguments
+from autosp.ir.contract import PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR
 from autosp.ir.core import as_operation, body_ops, funcs, make_context, op_name
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
@@ -178,7 +179,7 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
     with module.context:
         for func in funcs(module):
             for op in body_ops(func):
-                if op_name(op).startswith("autosp.") and "group" in op.attributes:
+                if op_name(op).startswith(PREFIX) and "group" in op.attributes:
                     _, sep, axis = ir.StringAttr(op.attributes["group"]).value.partition(":")
                     name = ir.StringAttr.get(group_name + sep + axis)  # sub-groups keep their axis
                     if op.attributes["group"] != name:
@@ -190,15 +191,15 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
 def module_layout(module) -> "collectives.SeqLayout | None":
     """The sequence layout ``autosp-partition-attention`` chose (None: none recorded)."""
     attrs = as_operation(module).attributes
-    if "autosp.sp_layout" not in attrs:
+    if SP_LAYOUT_ATTR not in attrs:
         return None
-    return collectives.SeqLayout.parse(ir.StringAttr(attrs["autosp.sp_layout"]).value)
+    return collectives.SeqLayout.parse(ir.StringAttr(attrs[SP_LAYOUT_ATTR]).value)
 
 
 def module_choice(module) -> str | None:
     """Why the partition pass chose its mesh (``autosp.sp_choice``), if it recorded it."""
     attrs = as_operation(module).attributes
-    return ir.StringAttr(attrs["autosp.sp_choice"]).value if "autosp.sp_choice" in attrs else None
+    return ir.StringAttr(attrs[SP_CHOICE_ATTR]).value if SP_CHOICE_ATTR in attrs else None
 
 
 def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
@@ -257,7 +258,7 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
 
 def dropped_results(module) -> list[int]:
     """The results ``autosp-tile-loss{drop-logits}`` removed from ``@main`` (the logits)."""
-    from autosp.passes.tile_loss import DROPPED_ATTR
+    from autosp.ir.contract import DROPPED_ATTR
     from autosp.ir.core import main_func
     func = main_func(module)
     return [ir.IntegerAttr(a).value for a in func.attributes[DROPPED_ATTR]] if DROPPED_ATTR in func.attributes else []
@@ -285,7 +286,8 @@ def kept_masks(module, seq_len: int) -> list[str]:
     the mask is whole on every rank and kept for backward); and one line when hand-written
     attention was not fused into SDPA (``autosp.unfused_attention``: its scores stay)."""
     from autosp.ir.builders import vtensor_shape
-    from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, UNFUSED_ATTR
+    from autosp.ir.contract import KEPT_MASK_ATTR, UNFUSED_ATTR
+    from autosp.ir.ops import SDPA_OP
     found: dict = {}
     unfused = []
     for func in funcs(module):

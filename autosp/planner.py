@@ -102,7 +102,8 @@ class Planner:
         from autosp.api import Transformed
         from autosp.ir.builders import vtensor_shape
         from autosp.ir.core import body_ops, main_func, op_name
-        from autosp.passes.tile_loss import VOCAB_LOGPROB, tile_loss
+        from autosp.ir.contract import VOCAB_LOGPROB
+        from autosp.passes.tile_loss import tile_loss
         module = Transformed.from_bytes(self._base).module
         tile_loss(module)
         for op in body_ops(main_func(module)):

@@ -62,7 +62,8 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_bool, const_float, is_none, main_func, op_name
-from autosp.ir.ops import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, KEPT_MASK_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEPT_MASK_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR, EmptyRows
+from autosp.ir.ops import SDPA_OP
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
@@ -1045,7 +1046,7 @@ class MaskProof:
     # "uniform": the mask is additive with a finite masking constant, so a query row whose
     # keys are all padded gets the same score everywhere: softmax is uniform over every key
     # (eager attention's answer), not the zeros a boolean mask gives.
-    empty_rows: str | None = None
+    empty_rows: EmptyRows | None = None
 
 
 def _window_of(allowed, q: int, k: int) -> int | None:
@@ -1156,7 +1157,7 @@ def prove_causal(sdpa) -> MaskProof:
         if finite is None:
             return MaskProof(False, f"{structure} and key padding with an additive mask whose masking constant "
                                     "is too small for an all-padded row's softmax to be uniform")
-        empty = "uniform" if isinstance(value, FloatTensor) and finite else None
+        empty = EmptyRows.UNIFORM if isinstance(value, FloatTensor) and finite else None
         return MaskProof(False, f"{structure} and key padding {padding[0].get_name()}[b, k]"
                          f"{' != 0' if padding[1] else ''}", window=window, key_padding=padding, empty_rows=empty)
     if window is not None:
@@ -1364,7 +1365,7 @@ def fold_causal_masks(module) -> int:
             if EMPTY_ROWS_ATTR in op.attributes:
                 del op.attributes[EMPTY_ROWS_ATTR]
         elif proof.empty_rows is not None and EMPTY_ROWS_ATTR not in op.attributes:  # (fused masked_fill: kept)
-            op.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(proof.empty_rows)
+            op.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(proof.empty_rows.value)
         if proof.documents is not None:
             op.attributes[DOCUMENTS_ATTR] = ir.UnitAttr.get()
         if proof.window is not None:

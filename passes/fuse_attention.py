@@ -38,7 +38,8 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
-from autosp.ir.ops import EMPTY_ROWS_ATTR, SDPA_OP, SOFTMAX_OPS, UNFUSED_ATTR
+from autosp.ir.contract import EMPTY_ROWS_ATTR, UNFUSED_ATTR, EmptyRows
+from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
 
@@ -276,7 +277,7 @@ def fuse_attention(module) -> int:
                                         attributes={"value": ir.FloatAttr.get_f64(m.scale)}).result
             sdpa = b.torch_op(SDPA_OP, [m.q, m.k, m.v, mask, zero, false, scale, false], m.out.type)
         if m.fill_finite:  # rows masked everywhere keep eager's answer (see EMPTY_ROWS_ATTR)
-            sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get("mean")
+            sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(EmptyRows.MEAN.value)
         m.out.replace_all_uses_except(sdpa, sdpa.owner.operation)
         fused += 1
     return fused

@@ -47,11 +47,11 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims, users
+from autosp.ir.contract import SHARD
 from autosp.ir.ops import BIND_SHAPE
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.dce import eliminate_dead_code
 
-SHARD = "autosp.shard"
 
 ELEMENTWISE = frozenset(f"torch.aten.{n}" for n in (
     "cos", "sin", "tan", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "sigmoid",

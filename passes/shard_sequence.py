@@ -20,6 +20,8 @@ from torch_mlir import ir
 from autosp.ir import builders as b
 from autosp.ir.builders import vtensor_shape
 from autosp.ir import ops
+from autosp.ir.contract import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, ATTENTION_ATTR, LOCAL_LEN, PARAMETER_ATTR,
+                                REWINDOW, RING_ATTENTION, SEQ_ATTR, SHARD)
 from autosp.ir.core import body_ops, const_int, is_none, main_func, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
@@ -175,10 +177,10 @@ class OpClass(enum.Enum):
 def op_class(op) -> OpClass:
     """The :class:`OpClass` of ``op``, by its name (tables in :mod:`autosp.ir.ops`)."""
     name = op_name(op)
-    if name == ops.ALL_TO_ALL:
+    if name == ALL_TO_ALL:
         to_heads = op.attributes["concat_dim"].value == op.attributes["seq_dim"].value
         return OpClass.TO_HEADS if to_heads else OpClass.TO_SEQUENCE
-    if name == ops.RING_ATTENTION:
+    if name == RING_ATTENTION:
         return OpClass.RING
     if name in ops.SUM_OPS:
         return OpClass.SUM
@@ -542,7 +544,7 @@ class _Rewriter:
                                          f"(size {length if length is not None else '?'}), which does not match "
                                          f"the window {window.length} of the sharded operands")
         with ir.InsertionPoint(op), op.location:
-            return b.autosp_op("shard", [value, self.seq_len], value.type, dim=dim, lo=window.lo,
+            return b.autosp_op(SHARD, [value, self.seq_len], value.type, dim=dim, lo=window.lo,
                                trim=window.trim, group=self.group)
 
     def sharded_operand(self, op, v, window: Window, layouts: dict):
@@ -605,7 +607,7 @@ class _Rewriter:
                                          f"({window.length}): cannot compute the local size")
         if window not in self.local_lens:
             with ir.InsertionPoint.after(self.seq_len.owner), op.location:
-                self.local_lens[window] = b.autosp_op("local_len", [self.seq_len], b.int_type(), lo=window.lo,
+                self.local_lens[window] = b.autosp_op(LOCAL_LEN, [self.seq_len], b.int_type(), lo=window.lo,
                                                       trim=window.trim, group=self.group)
         local = self.local_lens[window]
         if expr.a != 1:
@@ -659,7 +661,7 @@ class _Rewriter:
     def all_reduce(self, op) -> ir.Value:
         result = op.results[0]
         with ir.InsertionPoint.after(op), op.location:
-            reduced = b.autosp_op("all_reduce", [result], result.type, reduce_op="sum", group=self.group)
+            reduced = b.autosp_op(ALL_REDUCE, [result], result.type, reduce_op="sum", group=self.group)
         for use in list(result.uses):
             if use.owner != reduced.owner:
                 use.owner.operands[use.operand_number] = reduced
@@ -668,7 +670,7 @@ class _Rewriter:
 
     def rewindow(self, op, old: SequenceSharded, new: Window) -> ir.Value:
         with ir.InsertionPoint(op), op.location:
-            narrowed = b.autosp_op("rewindow", [op.operands[0], self.seq_len], op.results[0].type, dim=old.dim,
+            narrowed = b.autosp_op(REWINDOW, [op.operands[0], self.seq_len], op.results[0].type, dim=old.dim,
                                    lo=old.window.lo, trim=old.window.trim, new_lo=new.lo, new_trim=new.trim,
                                    group=self.group)
         op.results[0].replace_all_uses_with(narrowed)
@@ -809,7 +811,7 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
     params = set()
     if "arg_attrs" in func.attributes:
         for i, attr in enumerate(func.attributes["arg_attrs"]):
-            if "autosp.parameter" in attr:
+            if PARAMETER_ATTR in attr:
                 params.add(block.arguments[i])
     walk = _Propagation(info, Rules(info, params), _Rewriter(info, group, seq_len), set(params))
     walk.run(func)
@@ -823,7 +825,7 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
             raise DiagnosticError.at(ret, f"returns head-sharded attention internals (result {i})")
         if isinstance(lay, SequenceSharded) and gather_outputs:
             with ir.InsertionPoint(ret), ret.location:
-                ret.operands[i] = b.autosp_op("all_gather", [v, seq_len], v.type, dim=lay.dim, lo=lay.window.lo,
+                ret.operands[i] = b.autosp_op(ALL_GATHER, [v, seq_len], v.type, dim=lay.dim, lo=lay.window.lo,
                                               trim=lay.window.trim, group=group)
             lay = REPLICATED
         layouts.append(None if lay == REPLICATED else lay)
@@ -831,7 +833,7 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
         if op_name(op) == ops.BIND_SHAPE:
             op.erase()
         else:  # the analysis' notes describe global sizes; the IR is now per rank
-            for attr in ("autosp.seq", "autosp.attention"):
+            for attr in (SEQ_ATTR, ATTENTION_ATTR):
                 if attr in op.attributes:
                     del op.attributes[attr]
     return {"returned": layouts}

@@ -47,15 +47,14 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_float, const_int, is_none, main_func, op_name, producer, users
+from autosp.ir.contract import DROPPED_ATTR, REWINDOW, SHARD, VOCAB_LOGPROB
 from autosp.ir.ops import LIST_CONSTRUCT
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
 
-VOCAB_LOGPROB = "autosp.vocab_logprob"
-DROPPED_ATTR = "autosp.dropped_results"
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
-_ROW_MOVES = ("torch.aten.slice.Tensor", "autosp.rewindow", "autosp.shard")
+_ROW_MOVES = ("torch.aten.slice.Tensor", REWINDOW, SHARD)
 _LOG_SOFTMAX = ("torch.aten.log_softmax.int", "torch.aten._log_softmax")
 # torch's ScalarType numbers -> MLIR element types (the dtypes a logits cast can name).
 _DTYPES = {5: "f16", 6: "f32", 7: "f64", 15: "bf16"}

@@ -55,13 +55,13 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
+from autosp.ir.contract import (ALL_GATHER, ALL_TO_ALL, LOCAL_LEN, OFFLOAD_ATTR, REGION_ATTR, RING_ATTENTION,
+                                SEGMENT_ATTR, SHARD, TILE_ATTR, TILES_ATTR)
 from autosp.ir.ops import LIST_CONSTRUCT
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 _log = logging.getLogger(__name__)
 
-TILE_ATTR = "autosp.tile"
-TILES_ATTR = "autosp.tiles"
 
 _ELEMENTWISE = {f"torch.aten.{n}" for n in (
     "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar", "div.Scalar",
@@ -77,7 +77,7 @@ _MATMULS = ("torch.aten.mm", "torch.aten.addmm", "torch.aten.matmul", "torch.ate
 # Ops that produce no tensor (sizes, constants, lists): they neither join nor break a run.
 _TRANSPARENT = ("torch.constant.", LIST_CONSTRUCT, "torch.bind_symbolic_shape", "torch.aten.size.int",
                 "torch.aten.add.int", "torch.aten.sub.int", "torch.aten.mul.int", "torch.aten.floordiv.int",
-                "autosp.local_len", "torch.symbolic_int")
+                LOCAL_LEN, "torch.symbolic_int")
 
 
 def _seq(dims) -> int | None:
@@ -194,7 +194,7 @@ class TileTokens(ModulePass):
 FULL = "whole sequence"
 # Ops whose results keep the length of their operands' sequence dim (besides row_wise ones).
 _KEEP_LENGTH = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.unsqueeze", "torch.aten.squeeze.dim",
-                "torch.aten.embedding", "torch.aten.contiguous", "torch.aten.clone", "autosp.ring_attention")
+                "torch.aten.embedding", "torch.aten.contiguous", "torch.aten.clone", RING_ATTENTION)
 
 
 def sequence_extents(func) -> dict:
@@ -213,12 +213,12 @@ def sequence_extents(func) -> dict:
             continue
         attrs = op.attributes
         found: object
-        if name == "autosp.shard":
+        if name == SHARD:
             found = ("shard", attrs["lo"].value, attrs["trim"].value)
-        elif name == "autosp.all_to_all":
+        elif name == ALL_TO_ALL:
             seq, split, concat = (attrs[a].value for a in ("seq_dim", "split_dim", "concat_dim"))
             found = ("shard", 0, 0) if seq == split else FULL if seq == concat else object()
-        elif name == "autosp.all_gather":
+        elif name == ALL_GATHER:
             found = FULL
         else:
             known = {extents.get(v) for v in op.operands if _prefix(v) is not None}
@@ -243,7 +243,7 @@ def _runs(func, extents: dict | None = None) -> list[list]:
         name = op_name(op)
         if name.startswith(_TRANSPARENT):
             continue
-        segment = op.attributes["autosp.segment"].value if "autosp.segment" in op.attributes else None
+        segment = op.attributes[SEGMENT_ATTR].value if SEGMENT_ATTR in op.attributes else None
         if key is not None and segment != key and _on_weights(op):
             continue  # a weight op the checkpoint plan put in another segment: an input of the run
         reason = row_wise(op) if segment is not None else "not in a checkpoint segment"
@@ -334,7 +334,7 @@ def _free_size(view) -> None:
             x = view.operands[0]
             size = ir.Operation.create("torch.aten.size.int", results=[b.int_type()],
                                        operands=[x, b.constant_int(_seq(tensor_dims(x)))])  # type: ignore[arg-type]
-            for name in ("autosp.region", "autosp.segment", "autosp.offload", TILE_ATTR, TILES_ATTR):
+            for name in (REGION_ATTR, SEGMENT_ATTR, OFFLOAD_ATTR, TILE_ATTR, TILES_ATTR):
                 if name in view.attributes:  # computed inside the view's segment and tile run
                     size.attributes[name] = view.attributes[name]
             size = size.result
