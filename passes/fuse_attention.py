@@ -37,11 +37,12 @@ from typing import ClassVar, cast
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
 from autosp.ir.contract import EMPTY_ROWS_ATTR, UNFUSED_ATTR, EmptyRows
+from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
+from autosp.ir.mask_algebra import Lin, NotProven
 from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
 from autosp.ir.pass_base import ModulePass
-from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
+from autosp.ir.sizes import dim_sizes
 
 _log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _op(value: ir.Value, *names: str):
 
 def _sizes(value: ir.Value) -> tuple:
     try:
-        return _dim_sizes(value)
+        return dim_sizes(value)
     except NotProven as e:
         raise _NoMatch(str(e)) from None
 

@@ -36,6 +36,7 @@ from autosp.ir.contract import ATTENTION_ATTR, SEQ_ATTR, SEQ_DIM_ATTR, Attention
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import body_ops, const_bool, const_int, main_func, op_name, producer
 from autosp.ir.diagnostics import AutospError, DiagnosticError
+from autosp.ir.sizes import fold_affine
 
 NOT_SEQ = "_"  # how a dimension that does not depend on S is printed in ``autosp.seq``
 
@@ -150,10 +151,6 @@ def combine(operator: str, lhs, rhs):
     return _Free(text)
 
 
-_AFFINE_OPERATORS = ((ir.AffineAddExpr, "+"), (ir.AffineMulExpr, "*"), (ir.AffineFloorDivExpr, "floordiv"),
-                     (ir.AffineCeilDivExpr, "ceildiv"), (ir.AffineModExpr, "mod"))
-
-
 def seq_expr_of_affine(expr: ir.AffineExpr, symbols: list[bool]):
     """Read an affine expression of the bound symbols; ``symbols[k]`` says whether ``s<k>`` is S.
 
@@ -165,18 +162,19 @@ def seq_expr_of_affine(expr: ir.AffineExpr, symbols: list[bool]):
         >>> seq_expr_of_affine(<s0 * 2 - 2>, [True])
         Linear(a=2, b=-2)
     """
-    if isinstance(expr, ir.AffineConstantExpr):
-        return Linear(0, expr.value)
-    if isinstance(expr, ir.AffineSymbolExpr):
-        return Linear(1) if symbols[expr.position] else _Free(f"sym{expr.position}")
-    for cls, operator in _AFFINE_OPERATORS:
-        if isinstance(expr, cls):
-            lhs, rhs = seq_expr_of_affine(expr.lhs, symbols), seq_expr_of_affine(expr.rhs, symbols)
-            if operator == "+" and isinstance(rhs, Linear) and rhs.is_constant and rhs.b < 0 \
-                    and not isinstance(lhs, Linear):
-                return combine("-", lhs, Linear(0, -rhs.b))  # print "x - 1", as MLIR does
-            return combine(operator, lhs, rhs)
-    raise AutospError(f"unsupported affine expression {expr}")
+    def symbol(k: int):
+        return Linear(1) if symbols[k] else _Free(f"sym{k}")
+
+    def unsupported(e: ir.AffineExpr):
+        raise AutospError(f"unsupported affine expression {e}")
+    return fold_affine(expr, lambda c: Linear(0, c), symbol, _combine_as_printed, unsupported)
+
+
+def _combine_as_printed(operator: str, lhs, rhs):
+    """:func:`combine`, with ``x + -c`` read as ``x - c`` (printed as MLIR prints it)."""
+    if operator == "+" and isinstance(rhs, Linear) and rhs.is_constant and rhs.b < 0 and not isinstance(lhs, Linear):
+        return combine("-", lhs, Linear(0, -rhs.b))
+    return combine(operator, lhs, rhs)
 
 
 def depends_on_s(x) -> bool:
