@@ -44,9 +44,9 @@ from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
-from autosp.ir.ops import KEPT_MASK_ATTR, SDPA_OP, UNFUSED_ATTR
+from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
+from autosp.ir.ops import SDPA_OP
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
-from autosp.passes.tile_loss import DROPPED_ATTR
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
@@ -134,7 +134,7 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
     with module.context:
         for func in funcs(module):
             for op in body_ops(func):
-                if op_name(op).startswith("autosp.") and "group" in op.attributes:
+                if op_name(op).startswith(PREFIX) and "group" in op.attributes:
                     _, sep, axis = ir.StringAttr(op.attributes["group"]).value.partition(":")
                     name = ir.StringAttr.get(group_name + sep + axis)  # sub-groups keep their axis
                     if op.attributes["group"] != name:
@@ -146,15 +146,15 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
 def module_layout(module) -> "collectives.SeqLayout | None":
     """The sequence layout ``autosp-partition-attention`` chose (None: none recorded)."""
     attrs = as_operation(module).attributes
-    if "autosp.sp_layout" not in attrs:
+    if SP_LAYOUT_ATTR not in attrs:
         return None
-    return collectives.SeqLayout.parse(ir.StringAttr(attrs["autosp.sp_layout"]).value)
+    return collectives.SeqLayout.parse(ir.StringAttr(attrs[SP_LAYOUT_ATTR]).value)
 
 
 def module_choice(module) -> str | None:
     """Why the partition pass chose its mesh (``autosp.sp_choice``), if it recorded it."""
     attrs = as_operation(module).attributes
-    return ir.StringAttr(attrs["autosp.sp_choice"]).value if "autosp.sp_choice" in attrs else None
+    return ir.StringAttr(attrs[SP_CHOICE_ATTR]).value if SP_CHOICE_ATTR in attrs else None
 
 
 def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,

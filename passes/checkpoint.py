@@ -44,7 +44,9 @@ from torch_mlir import ir
 from autosp.ir.builders import i64, vtensor_shape
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, RING_ATTENTION, SDPA_OP
+from autosp.ir.contract import (OFFLOAD_ATTR, REGION_ATTR, REPLAY_ATTR, RING_ATTENTION, SAVE_ATTR, SEGMENT_ATTR,
+                                VOCAB_LOGPROB)
+from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
@@ -94,7 +96,6 @@ class Checkpoint(ModulePass):
 
 MODES = ("sac", "sac-min", "full")  # the one definition (autosp.compile adds "off")
 LAYER_MODES = ("keep", *MODES)  # per region (option ``layers``): "keep" recomputes nothing
-OFFLOAD_ATTR = "autosp.offload"  # on a region's segment ops: its kept inputs go to host memory
 _IGNORED = (BIND_SHAPE, "func.return")
 
 
@@ -121,7 +122,7 @@ def is_anchor(op) -> bool:
     """Kept in ``sac`` mode: attention, communication, and the tiled LM head
     (``autosp.vocab_logprob``: it keeps only its [N, H] input, and recomputing it would
     cost a second [N, H] x [H, V] product)."""
-    return op_name(op) in (*COMMUNICATION_OPS, "autosp.vocab_logprob") or is_attention_op(op)
+    return op_name(op) in (*COMMUNICATION_OPS, VOCAB_LOGPROB) or is_attention_op(op)
 
 
 def _layer_markers(ops) -> list[int]:
@@ -221,15 +222,15 @@ def plan_checkpoints(module, mode: str = "sac", layers: list[str] | None = None)
     numbers: dict = {}
     with func.context:
         for i, op in enumerate(ops):
-            op.attributes["autosp.region"] = i64(region_of[i])
+            op.attributes[REGION_ATTR] = i64(region_of[i])
             if mode_of(i) == "keep":
                 continue
             if keys[i] is None:
-                op.attributes["autosp.save"] = ir.UnitAttr.get()
+                op.attributes[SAVE_ATTR] = ir.UnitAttr.get()
             else:
-                op.attributes["autosp.segment"] = i64(numbers.setdefault(keys[i], len(numbers)))
+                op.attributes[SEGMENT_ATTR] = i64(numbers.setdefault(keys[i], len(numbers)))
                 if mode_of(i) == "sac-min" and op_name(op) == SDPA_OP:
-                    op.attributes["autosp.replay"] = ir.UnitAttr.get()
+                    op.attributes[REPLAY_ATTR] = ir.UnitAttr.get()
                 if choices[region_of[i]].endswith("+offload"):
                     op.attributes[OFFLOAD_ATTR] = ir.UnitAttr.get()
     return CheckpointPlan(regions=len(cuts) + 1, segments=len(numbers), anchors=keys.count(None))

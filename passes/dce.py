@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from autosp.ir import ops
+from autosp.ir.contract import PREFIX
 from autosp.ir.core import as_operation, funcs, op_name
 from autosp.ir.pass_base import ModulePass
 
@@ -48,7 +49,7 @@ def _is_dead(op) -> bool:
     name = op_name(op)
     # Only ops whose semantics we know: torch ops and autosp collectives (an unused
     # collective is unused on every rank alike, so erasing it keeps ranks in step).
-    if not name.startswith(("torch.", "autosp.")) or _has_side_effects(name):
+    if not name.startswith(("torch.", PREFIX)) or _has_side_effects(name):
         return False
     if name == ops.BIND_SHAPE:
         value = op.operands[0]

@@ -37,10 +37,12 @@ from typing import ClassVar, cast
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer
-from autosp.ir.ops import EMPTY_ROWS_ATTR, SDPA_OP, SOFTMAX_OPS, UNFUSED_ATTR
+from autosp.ir.contract import EMPTY_ROWS_ATTR, UNFUSED_ATTR, EmptyRows
+from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
+from autosp.ir.mask_algebra import Lin, NotProven
+from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
 from autosp.ir.pass_base import ModulePass
-from autosp.passes.causal_mask import Lin, NotProven, _dim_sizes
+from autosp.ir.sizes import dim_sizes
 
 _log = logging.getLogger(__name__)
 
@@ -54,16 +56,11 @@ class _NoMatch(Exception):
     """The chain is not exactly softmax attention: the reason, for the log."""
 
 
-def _users(value: ir.Value) -> list:
-    """Users other than ``torch.bind_symbolic_shape`` (which only describes the value)."""
-    return [u.owner for u in value.uses if op_name(u.owner) != "torch.bind_symbolic_shape"]
-
-
 def _only_use(value: ir.Value, what: str):
-    users = _users(value)
-    if len(users) != 1:
-        raise _NoMatch(f"{what} has {len(users)} users")
-    return users[0]
+    found = users(value)
+    if len(found) != 1:
+        raise _NoMatch(f"{what} has {len(found)} users")
+    return found[0]
 
 
 def _op(value: ir.Value, *names: str):
@@ -76,7 +73,7 @@ def _op(value: ir.Value, *names: str):
 
 def _sizes(value: ir.Value) -> tuple:
     try:
-        return _dim_sizes(value)
+        return dim_sizes(value)
     except NotProven as e:
         raise _NoMatch(str(e)) from None
 
@@ -281,7 +278,7 @@ def fuse_attention(module) -> int:
                                         attributes={"value": ir.FloatAttr.get_f64(m.scale)}).result
             sdpa = b.torch_op(SDPA_OP, [m.q, m.k, m.v, mask, zero, false, scale, false], m.out.type)
         if m.fill_finite:  # rows masked everywhere keep eager's answer (see EMPTY_ROWS_ATTR)
-            sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get("mean")
+            sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(EmptyRows.MEAN.value)
         m.out.replace_all_uses_except(sdpa, sdpa.owner.operation)
         fused += 1
     return fused

@@ -35,18 +35,12 @@ from typing import ClassVar
 
 from torch_mlir import ir
 
-from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.core import const_int, funcs, op_name, producer
+from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.dce import eliminate_dead_code
 
 HEADS = 1  # of SDPA's [B, H, S, D] operands
-
-
-def _shape(value: ir.Value) -> list | None:
-    found = b.vtensor_shape(value.type)
-    return None if found is None else found[0]
 
 
 def repeated_heads(value: ir.Value) -> tuple[ir.Value, int] | None:
@@ -63,7 +57,7 @@ def repeated_heads(value: ir.Value) -> tuple[ir.Value, int] | None:
     if unsq is None or op_name(unsq) != ops.UNSQUEEZE_OP or const_int(unsq.operands[1]) != 2:
         return None
     source = unsq.operands[0]
-    src, mid, out = _shape(source), _shape(wide.results[0]), _shape(value)
+    src, mid, out = tensor_dims(source), tensor_dims(wide.results[0]), tensor_dims(value)
     if src is None or mid is None or out is None or len(src) != 4 or len(mid) != 5 or len(out) != 4:
         return None
     reps = mid[2]
@@ -85,11 +79,11 @@ def fuse_gqa(module) -> int:
             if flag is None or op_name(flag) != "torch.constant.bool" or ir.BoolAttr(flag.attributes["value"]).value:
                 continue
             k, v = repeated_heads(op.operands[1]), repeated_heads(op.operands[2])
-            q = _shape(op.operands[0])
+            q = tensor_dims(op.operands[0])
             if k is None or v is None or k[1] != v[1] or q is None or len(q) != 4:
                 continue
-            kv_heads = _shape(k[0])[HEADS]  # type: ignore[index]
-            if q[HEADS] != kv_heads * k[1] or _shape(v[0])[HEADS] != kv_heads:  # type: ignore[index]
+            kv_heads = tensor_dims(k[0])[HEADS]  # type: ignore[index]
+            if q[HEADS] != kv_heads * k[1] or tensor_dims(v[0])[HEADS] != kv_heads:  # type: ignore[index]
                 continue
             with ir.InsertionPoint(op), op.location:
                 true = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],

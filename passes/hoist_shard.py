@@ -46,13 +46,12 @@ from typing import ClassVar
 
 from torch_mlir import ir
 
-from autosp.ir.builders import vtensor_shape
-from autosp.ir.core import const_int, funcs, op_name, producer
+from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims, users
+from autosp.ir.contract import SHARD
 from autosp.ir.ops import BIND_SHAPE
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.dce import eliminate_dead_code
 
-SHARD = "autosp.shard"
 
 ELEMENTWISE = frozenset(f"torch.aten.{n}" for n in (
     "cos", "sin", "tan", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "sigmoid",
@@ -62,11 +61,6 @@ ELEMENTWISE = frozenset(f"torch.aten.{n}" for n in (
     "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar", "where.self",
     "where.ScalarSelf", "where.ScalarOther", "where.Scalar"))
 MATMULS = ("torch.aten.matmul", "torch.aten.bmm")
-
-
-def _shape(value: ir.Value) -> list | None:
-    found = vtensor_shape(value.type)
-    return None if found is None else found[0]
 
 
 def _norm(dim: int | None, rank: int) -> int | None:
@@ -79,14 +73,14 @@ def _operand_dims(op, dim: int) -> dict[int, int] | None:
     """{operand index: dim to shard it along} so that ``op`` on the shards is the shard of
     its result along ``dim``; operands not listed are used whole. None: not row-wise."""
     name = op_name(op)
-    out = _shape(op.results[0])
+    out = tensor_dims(op.results[0])
     if out is None or len(op.results) != 1 or out[dim] is not None:
         return None
     rank = len(out)
     if name in ELEMENTWISE:
         dims = {}
         for i, operand in enumerate(op.operands):
-            shape = _shape(operand)
+            shape = tensor_dims(operand)
             if shape is None:
                 continue
             aligned = dim - (rank - len(shape))
@@ -107,7 +101,7 @@ def _operand_dims(op, dim: int) -> dict[int, int] | None:
             return None
         return {0: c if dim == a else a if dim == c else dim}
     if name in MATMULS:
-        lhs, rhs = _shape(op.operands[0]), _shape(op.operands[1])
+        lhs, rhs = tensor_dims(op.operands[0]), tensor_dims(op.operands[1])
         if lhs is None or rhs is None or len(lhs) != rank or len(rhs) != rank or rank < 2:
             return None
         if dim == rank - 2 and None not in rhs and lhs[dim] is None:
@@ -122,14 +116,14 @@ def _cat_parts(op, dim: int) -> list[ir.Value] | None:
     """The parts of a ``cat`` along another dim than ``dim``, each dynamic there."""
     if op_name(op) != "torch.aten.cat" or len(op.results) != 1:
         return None
-    out = _shape(op.results[0])
+    out = tensor_dims(op.results[0])
     along = _norm(const_int(op.operands[1]), len(out) if out else 0)
     parts_op = producer(op.operands[0])
     if out is None or along is None or along == dim or parts_op is None or \
             op_name(parts_op) != "torch.prim.ListConstruct":
         return None
     parts = list(parts_op.operands)
-    if any((s := _shape(p)) is None or len(s) != len(out) or s[dim] is not None for p in parts):
+    if any((s := tensor_dims(p)) is None or len(s) != len(out) or s[dim] is not None for p in parts):
         return None
     return parts
 
@@ -142,14 +136,14 @@ def _attributes(op) -> dict:
 def _same_shards(value: ir.Value) -> list | None:
     """The shard ops using ``value`` if they are all its users (symbolic-shape bindings
     aside) and all alike."""
-    users = [u.owner for u in value.uses if op_name(u.owner) != BIND_SHAPE]
-    if not users or any(op_name(u) != SHARD or u.operands[0] != value for u in users):
+    found = users(value)
+    if not found or any(op_name(u) != SHARD or u.operands[0] != value for u in found):
         return None
 
     def key(u):
         return u.operands[1], sorted((k, str(v)) for k, v in _attributes(u).items())
-    first = key(users[0])
-    return users if all(key(u) == first for u in users[1:]) else None
+    first = key(found[0])
+    return found if all(key(u) == first for u in found[1:]) else None
 
 
 def _earliest(ops_: list, block) -> ir.Operation:

@@ -35,7 +35,9 @@ from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer
+from autosp.ir.contract import (ALL_TO_ALL, DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, RING_ATTENTION,
+                                SP_CHOICE_ATTR, SP_LAYOUT_ATTR, WINDOW_ATTR, AttentionKind)
+from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer, users
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.passes.fuse_gqa import repeated_heads
@@ -92,28 +94,26 @@ class PartitionAttention(ModulePass):
         info = analyze_sequence(module)
         choice = choose_mesh(module, info, self)
         with module.context:
-            as_operation(module).attributes[LAYOUT_ATTR] = ir.StringAttr.get(choice.layout.describe())
-            as_operation(module).attributes[CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
+            as_operation(module).attributes[SP_LAYOUT_ATTR] = ir.StringAttr.get(choice.layout.describe())
+            as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
         partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring)
 
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
-LAYOUT_ATTR = "autosp.sp_layout"   # on the module: the SeqLayout the runtime lays the sequence out in
-CHOICE_ATTR = "autosp.sp_choice"   # on the module: the strategy chosen, and why
 
 
 def ring_blocker(op, kind: str) -> str | None:
     """Why ring attention cannot run ``op`` (None: it can), read from constants in the IR:
     it needs SDPA whose mask is none (causal or not) or proven documents / a sliding
     window, a constant is_causal and scale, and no dropout."""
-    if kind == "manual":
+    if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
-    if ops.KEY_PADDING_ATTR in op.attributes or ops.EMPTY_ROWS_ATTR in op.attributes:
+    if KEY_PADDING_ATTR in op.attributes or EMPTY_ROWS_ATTR in op.attributes:
         return "its mask keeps key padding (ring attention takes causal, document and window masks)"
-    if ops.DOCUMENTS_ATTR not in op.attributes and not is_none(mask):
+    if DOCUMENTS_ATTR not in op.attributes and not is_none(mask):
         return "its mask is not one autosp-causal-mask proved causal, documents or a window"
-    if ops.WINDOW_ATTR in op.attributes and ops.DOCUMENTS_ATTR in op.attributes:
+    if WINDOW_ATTR in op.attributes and DOCUMENTS_ATTR in op.attributes:
         return "it combines documents with a sliding window"
     if not is_none(op.operands[4]) and const_float(op.operands[4]) != 0.0:
         return "it has dropout (or a dropout probability that is not the constant 0)"
@@ -131,7 +131,7 @@ def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
     heads = []
     ring_ok = None
     for op, kind in info.attention:
-        q, k = (op.operands[0], op.operands[1]) if kind == "sdpa" else (None, None)
+        q, k = (op.operands[0], op.operands[1]) if kind == AttentionKind.SDPA else (None, None)
         if q is not None:
             heads.append((op, _tensor_shape(op, q, "query")[0][HEAD_DIM], _tensor_shape(op, k, "key")[0][HEAD_DIM]))
         blocker = ring_blocker(op, kind)
@@ -229,7 +229,7 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
             if found is not None:
                 source, src_shape, kv_reps = found
                 local_src = [src_shape[0], src_shape[1] // sp_size, None, src_shape[3]]
-                moved = b.autosp_op("all_to_all", [source, seq_len], b.vtensor_type(local_src, dtype),
+                moved = b.autosp_op(ALL_TO_ALL, [source, seq_len], b.vtensor_type(local_src, dtype),
                                     split_dim=HEAD_DIM, concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
                 local = [shape[0], shape[1] // sp_size, None, shape[3]]
                 return ir.Operation.create("torch.aten.repeat_interleave.self_int",
@@ -244,7 +244,7 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
                                         results=[b.vtensor_type(shape, dtype)],
                                         operands=[x, rep, dim, b.constant_none()]).result
             local = [shape[0], shape[1] // sp_size, None, shape[3]]
-            return b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dtype), split_dim=HEAD_DIM,
+            return b.autosp_op(ALL_TO_ALL, [x, seq_len], b.vtensor_type(local, dtype), split_dim=HEAD_DIM,
                                concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
 
         new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
@@ -259,7 +259,7 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
         attention = ir.Operation.create(op_name(op), results=[b.vtensor_type(local_out, out_dtype)],
                                         operands=new_operands, attributes=attrs)
     with ir.InsertionPoint.after(attention), op.location:
-        back = b.autosp_op("all_to_all", attention.result,
+        back = b.autosp_op(ALL_TO_ALL, attention.result,
                            b.vtensor_type([out_shape[0], out_shape[1], None, out_shape[3]], out_dtype),
                            split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
     # `back` has the old result's type ([B, H, S, D]), so its shape bindings stay valid.
@@ -273,11 +273,11 @@ def to_ring(op, group: str, seq_len: ir.Value) -> None:
     on the same (sharded) operands."""
     q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
     causal = bool(const_bool(op.operands[5]))
-    window = ir.IntegerAttr(op.attributes[ops.WINDOW_ATTR]).value if ops.WINDOW_ATTR in op.attributes else 0
+    window = ir.IntegerAttr(op.attributes[WINDOW_ATTR]).value if WINDOW_ATTR in op.attributes else 0
     scale = const_float(op.operands[6]) or 0.0  # (none: 0.0, the op's spelling of 1/sqrt(D))
-    operands = [q, k, v, seq_len] + ([mask] if ops.DOCUMENTS_ATTR in op.attributes else [])
+    operands = [q, k, v, seq_len] + ([mask] if DOCUMENTS_ATTR in op.attributes else [])
     with ir.InsertionPoint(op), op.location:
-        ring = b.autosp_op("ring_attention", operands, op.results[0].type, is_causal=int(causal), window=window,
+        ring = b.autosp_op(RING_ATTENTION, operands, op.results[0].type, is_causal=int(causal), window=window,
                            scale=float(scale), group=group)
     op.results[0].replace_all_uses_with(ring)
     op.erase()
@@ -294,7 +294,7 @@ def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "
     seq_len = sequence_length_value(module, info) if info.attention else None
     a2a_group = group if ring == 1 else f"{group}:ulysses"
     for op, kind in info.attention:
-        if kind == "manual":
+        if kind == AttentionKind.MANUAL:
             partition_manual(op, info, ulysses, a2a_group, seq_len)
         elif ring == 1:
             partition_sdpa(op, info, ulysses, a2a_group, seq_len)
@@ -312,11 +312,6 @@ def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "
 def _is_bhsd(value, info: SequenceInfo) -> bool:
     shape = b.vtensor_shape(value.type)
     return shape is not None and len(shape[0]) == 4 and info.seq_dims(value) == [SEQ_DIM]
-
-
-def _users(value) -> list:
-    """The ops that use ``value``, shape annotations aside."""
-    return [u.owner.operation for u in value.uses if op_name(u.owner) != ops.BIND_SHAPE]
 
 
 def _trace_back(value, info: SequenceInfo, attention_op, what: str):
@@ -350,7 +345,7 @@ def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int
     """From the softmax result forward to the matmul with the values (through casts,
     dropout, reshapes): a depth-first search over users that keep two sequence dims."""
     if depth > 0:
-        for op in _users(value):
+        for op in users(value):
             if op_name(op) in ops.ATTENTION_MATMULS and op.operands[0] == value:
                 return op
             for r in op.results:
@@ -366,11 +361,11 @@ def _chain_forward_to_matmul(value, info: SequenceInfo, attention_op, depth: int
 def _trace_forward(value, info: SequenceInfo, attention_op):
     """From the output matmul forward through reshapes to the [B, H, S, D] output."""
     while not _is_bhsd(value, info):
-        users = _users(value)
-        if len(users) != 1 or op_name(users[0]) not in ops.ATTENTION_RESHAPES:
+        found = users(value)
+        if len(found) != 1 or op_name(found[0]) not in ops.ATTENTION_RESHAPES:
             raise DiagnosticError.at(attention_op, "is softmax attention whose output does not return to a "
                                                    "[batch, heads, seq, head_dim] tensor")
-        value = users[0].results[0]
+        value = found[0].results[0]
     return value
 
 
@@ -430,7 +425,7 @@ def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_
         local = [shape[0], shape[1] // sp_size, None, shape[3]]
         with ir.InsertionPoint.after(x.owner) if not isinstance(x.owner, ir.Block) else \
                 ir.InsertionPoint(block_ops[0]), softmax.location:
-            y = b.autosp_op("all_to_all", [x, seq_len], b.vtensor_type(local, dt), split_dim=HEAD_DIM,
+            y = b.autosp_op(ALL_TO_ALL, [x, seq_len], b.vtensor_type(local, dt), split_dim=HEAD_DIM,
                             concat_dim=SEQ_DIM, seq_dim=SEQ_DIM, group=group)
         for use in list(x.uses):
             if use.owner.operation in backward:
@@ -447,12 +442,12 @@ def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_
             shape = b.vtensor_shape(operand.type)
             source = producer(operand)
             if shape and source is not None and operand not in region_results and \
-                    op_name(source) != ops.ALL_TO_ALL and len(shape[0]) == 4 and shape[0][HEAD_DIM] not in (1,):
+                    op_name(source) != ALL_TO_ALL and len(shape[0]) == 4 and shape[0][HEAD_DIM] not in (1,):
                 raise DiagnosticError.at(op, f"mixes a per-head tensor {operand.type} from outside attention into "
                                              "the scores; autosp cannot split its heads yet")
     out_shape, out_dtype = _tensor_shape(softmax, out, "the attention output")
     with ir.InsertionPoint.after(out.owner), softmax.location:
-        back = b.autosp_op("all_to_all", [out], b.vtensor_type([batch, heads, None, out_shape[3]], out_dtype),
+        back = b.autosp_op(ALL_TO_ALL, [out], b.vtensor_type([batch, heads, None, out_shape[3]], out_dtype),
                            split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
     out.replace_all_uses_except(back, back.owner.operation)
 

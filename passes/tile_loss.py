@@ -46,16 +46,15 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_int, is_none, main_func, op_name, producer
-from autosp.ir.ops import BIND_SHAPE, LIST_CONSTRUCT
+from autosp.ir.core import body_ops, const_float, const_int, is_none, main_func, op_name, producer, users
+from autosp.ir.contract import DROPPED_ATTR, REWINDOW, SHARD, VOCAB_LOGPROB
+from autosp.ir.ops import LIST_CONSTRUCT
 from autosp.ir.pass_base import ModulePass
 
 _log = logging.getLogger(__name__)
 
-VOCAB_LOGPROB = "autosp.vocab_logprob"
-DROPPED_ATTR = "autosp.dropped_results"
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
-_ROW_MOVES = ("torch.aten.slice.Tensor", "autosp.rewindow", "autosp.shard")
+_ROW_MOVES = ("torch.aten.slice.Tensor", REWINDOW, SHARD)
 _LOG_SOFTMAX = ("torch.aten.log_softmax.int", "torch.aten._log_softmax")
 # torch's ScalarType numbers -> MLIR element types (the dtypes a logits cast can name).
 _DTYPES = {5: "f16", 6: "f32", 7: "f64", 15: "bf16"}
@@ -95,26 +94,11 @@ class TileLoss(ModulePass):
         tile_loss(module, self.chunk, self.drop_logits)
 
 
-def _users(value: ir.Value) -> list:
-    return [u.owner for u in value.uses if op_name(u.owner) != BIND_SHAPE]
-
-
 def _shape(value: ir.Value) -> tuple[list, str]:
     shape = b.vtensor_shape(value.type)
     if shape is None:
         raise _NoMatch(f"{value.get_name()} is not a tensor of known rank")
     return shape
-
-
-def _const_float(value: ir.Value) -> float | None:
-    op = producer(value)
-    if op is None:
-        return None
-    if op_name(op) == "torch.constant.float":
-        return float(ir.FloatAttr(op.attributes["value"]).value)
-    if op_name(op) == "torch.constant.int":
-        return float(const_int(value))  # type: ignore[arg-type]
-    return None
 
 
 def _step(op) -> tuple | None:
@@ -127,7 +111,7 @@ def _step(op) -> tuple | None:
             raise _NoMatch("a cast with a dtype or options other than a float type")
         return ("cast", _DTYPES[dtype])
     if name in ("torch.aten.div.Scalar", "torch.aten.mul.Scalar"):
-        c = _const_float(op.operands[1])
+        c = const_float(op.operands[1])
         if c is None:
             raise _NoMatch(f"{name} by a value that is not a constant")
         return ("div" if "div" in name else "mul", c)
@@ -188,7 +172,7 @@ def _match(gather):
             op_name(producer(softmax.operands[2])) != "torch.constant.bool"
             or ir.BoolAttr(producer(softmax.operands[2]).attributes["value"]).value):
         raise _NoMatch("a half-to-float log-softmax")
-    if _users(lp) != [gather]:
+    if users(lp) != [gather]:
         raise _NoMatch("the log-probabilities have other users")
     if op_name(producer(gather.operands[3])) != "torch.constant.bool" or \
             ir.BoolAttr(producer(gather.operands[3]).attributes["value"]).value:
@@ -242,7 +226,7 @@ def tile_loss(module, chunk: int = 0, drop_logits: bool = False) -> int:
                                                                if softmax_dtype is not None else "")})
         gather.results[0].replace_all_uses_with(fused.results[0])
         gather.erase()
-        if not _users(softmax.results[0]):
+        if not users(softmax.results[0]):
             for use in list(softmax.results[0].uses):  # torch.bind_symbolic_shape annotations
                 use.owner.erase()
             softmax.erase()

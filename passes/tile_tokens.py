@@ -55,14 +55,14 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
+from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
+from autosp.ir.contract import (ALL_GATHER, ALL_TO_ALL, LOCAL_LEN, OFFLOAD_ATTR, REGION_ATTR, RING_ATTENTION,
+                                SEGMENT_ATTR, SHARD, TILE_ATTR, TILES_ATTR)
 from autosp.ir.ops import LIST_CONSTRUCT, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 _log = logging.getLogger(__name__)
 
-TILE_ATTR = "autosp.tile"
-TILES_ATTR = "autosp.tiles"
 
 _ELEMENTWISE = {f"torch.aten.{n}" for n in (
     "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar", "div.Scalar",
@@ -78,12 +78,7 @@ _MATMULS = ("torch.aten.mm", "torch.aten.addmm", "torch.aten.matmul", "torch.ate
 # Ops that produce no tensor (sizes, constants, lists): they neither join nor break a run.
 _TRANSPARENT = ("torch.constant.", LIST_CONSTRUCT, "torch.bind_symbolic_shape", "torch.aten.size.int",
                 "torch.aten.add.int", "torch.aten.sub.int", "torch.aten.mul.int", "torch.aten.floordiv.int",
-                "autosp.local_len", "torch.symbolic_int")
-
-
-def _shape(value: ir.Value):
-    s = b.vtensor_shape(value.type)
-    return None if s is None else s[0]
+                LOCAL_LEN, "torch.symbolic_int")
 
 
 def _seq(dims) -> int | None:
@@ -93,7 +88,7 @@ def _seq(dims) -> int | None:
 
 
 def _prefix(value: ir.Value):
-    dims = _shape(value)
+    dims = tensor_dims(value)
     if dims is None:
         return None
     i = _seq(dims)
@@ -101,7 +96,7 @@ def _prefix(value: ir.Value):
 
 
 def _tensors(values) -> list:
-    return [v for v in values if _shape(v) is not None]
+    return [v for v in values if tensor_dims(v) is not None]
 
 
 def _constant(value: ir.Value) -> bool:
@@ -127,8 +122,8 @@ def row_wise(op) -> str | None:
     name = op_name(op)
     tensors_in = _tensors(op.operands)
     results = _tensors(op.results)
-    with_seq = [v for v in tensors_in + results if _seq(_shape(v)) is not None]
-    if any(_seq(_shape(v)) == -1 for v in with_seq):
+    with_seq = [v for v in tensors_in + results if _seq(tensor_dims(v)) is not None]
+    if any(_seq(tensor_dims(v)) == -1 for v in with_seq):
         return "a value with several dynamic dims"
     others = [v for v in op.operands if v not in tensors_in]
     if not with_seq:  # on weights alone
@@ -138,8 +133,8 @@ def row_wise(op) -> str | None:
     out = _prefix(results[0])
     if name in _VIEWS:
         x, y = op.operands[0], op.results[0]
-        dx, dy = _shape(x), _shape(y)
-        if _seq(dx) is None or prod(dx[_seq(dx) + 1:]) != prod(dy[_seq(dy) + 1:]):  # type: ignore[operator]
+        dx, dy = tensor_dims(x), tensor_dims(y)
+        if _seq(dx) is None or prod(dx[_seq(dx) + 1:]) != prod(dy[_seq(dy) + 1:]):  # type: ignore[operator, index]
             return "a view that does not keep each row's features"
         sizes = producer(op.operands[1])
         if sizes is None or op_name(sizes) != LIST_CONSTRUCT:
@@ -154,13 +149,13 @@ def row_wise(op) -> str | None:
     if name in _MATMULS:
         x = op.operands[1] if name == "torch.aten.addmm" else op.operands[0]
         rest = [v for v in tensors_in if v != x]
-        if _prefix(x) is None or any(_prefix(v) is not None for v in rest) or _seq(_shape(x)) == len(_shape(x)) - 1:
+        if _prefix(x) is None or any(_prefix(v) is not None for v in rest) or _seq(tensor_dims(x)) == len(tensor_dims(x)) - 1:  # type: ignore[arg-type]
             return f"{name} not of rows by a weight"
         return None if _prefix(x) == out else f"{name} regroups rows"
     aligned = all(_prefix(v) == out for v in with_seq)
     if name in _ELEMENTWISE:
         return None if aligned else f"{name} broadcasts over the sequence"
-    rank, seq = len(_shape(op.operands[0])), _seq(_shape(op.operands[0]))
+    rank, seq = len(tensor_dims(op.operands[0])), _seq(tensor_dims(op.operands[0]))  # type: ignore[arg-type]
     if name in _REDUCTIONS or name in _SOFTMAX:
         ok = aligned and seq is not None and _feature_dims(op.operands[1], rank, seq)
         return None if ok else f"{name} over a row dim"
@@ -200,7 +195,7 @@ class TileTokens(ModulePass):
 FULL = "whole sequence"
 # Ops whose results keep the length of their operands' sequence dim (besides row_wise ones).
 _KEEP_LENGTH = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.unsqueeze", "torch.aten.squeeze.dim",
-                "torch.aten.embedding", "torch.aten.contiguous", "torch.aten.clone", "autosp.ring_attention")
+                "torch.aten.embedding", "torch.aten.contiguous", "torch.aten.clone", RING_ATTENTION)
 
 
 def sequence_extents(func) -> dict:
@@ -246,12 +241,12 @@ def sequence_extents(func) -> dict:
         attrs = op.attributes
         seq_operands = [node[v] for v in op.operands if _prefix(v) is not None and v in node]
         found: object
-        if name == "autosp.shard":
+        if name == SHARD:
             found = ("shard", attrs["lo"].value, attrs["trim"].value)
-        elif name == "autosp.all_to_all":
+        elif name == ALL_TO_ALL:
             seq, split, concat = (attrs[a].value for a in ("seq_dim", "split_dim", "concat_dim"))
             found = ("shard", 0, 0) if seq == split else FULL if seq == concat else object()
-        elif name == "autosp.all_gather":
+        elif name == ALL_GATHER:
             found = FULL
         elif name == SDPA_OP and op.operands[0] in node:
             found = node[op.operands[0]]  # the query's positions
@@ -283,7 +278,7 @@ def _runs(func, extents: dict | None = None) -> list[list]:
         name = op_name(op)
         if name.startswith(_TRANSPARENT):
             continue
-        segment = op.attributes["autosp.segment"].value if "autosp.segment" in op.attributes else None
+        segment = op.attributes[SEGMENT_ATTR].value if SEGMENT_ATTR in op.attributes else None
         if key is not None and segment != key and _on_weights(op):
             continue  # a weight op the checkpoint plan put in another segment: an input of the run
         reason = row_wise(op) if segment is not None else "not in a checkpoint segment"
@@ -306,14 +301,14 @@ def _runs(func, extents: dict | None = None) -> list[list]:
 def _on_weights(op) -> bool:
     """A row-wise op without the sequence anywhere (a permute or cast of a weight)."""
     values = _tensors(op.operands) + _tensors(op.results)
-    return bool(values) and all(_seq(_shape(v)) is None for v in values) and row_wise(op) is None
+    return bool(values) and all(_seq(tensor_dims(v)) is None for v in values) and row_wise(op) is None
 
 
 def _boundary(run) -> tuple[list, list]:
     """The tensor values a run reads from outside, and those it defines that are used outside."""
     inside = {op.operation for op in run}
     defined = {r for op in run for r in op.results}
-    reads = [v for op in run for v in op.operands if v not in defined and _shape(v) is not None]
+    reads = [v for op in run for v in op.operands if v not in defined and tensor_dims(v) is not None]
     outs = [r for op in run for r in op.results
             if any(u.owner.operation not in inside and op_name(u.owner) != "torch.bind_symbolic_shape" for u in r.uses)]
     return reads, outs
@@ -373,8 +368,8 @@ def _free_size(view) -> None:
         if any(const_int(v) == -1 for v in items):
             x = view.operands[0]
             size = ir.Operation.create("torch.aten.size.int", results=[b.int_type()],
-                                       operands=[x, b.constant_int(_seq(_shape(x)))])  # type: ignore[arg-type]
-            for name in ("autosp.region", "autosp.segment", "autosp.offload", TILE_ATTR, TILES_ATTR):
+                                       operands=[x, b.constant_int(_seq(tensor_dims(x)))])  # type: ignore[arg-type]
+            for name in (REGION_ATTR, SEGMENT_ATTR, OFFLOAD_ATTR, TILE_ATTR, TILES_ATTR):
                 if name in view.attributes:  # computed inside the view's segment and tile run
                     size.attributes[name] = view.attributes[name]
             size = size.result

@@ -26,6 +26,12 @@ from torch.fx.passes.split_module import split_module
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autosp.ir.contract import OFFLOAD_ATTR, REPLAY_ATTR, SEGMENT_ATTR, TILE_ATTR, TILES_ATTR, plan_key
+
+# The plan's attributes, as the emitter copies them onto each op's nodes (node.meta).
+_SEGMENT, _REPLAY, _OFFLOAD, _TILE, _TILES = map(plan_key, (SEGMENT_ATTR, REPLAY_ATTR, OFFLOAD_ATTR, TILE_ATTR,
+                                                           TILES_ATTR))
+
 
 # Fused attention kernels whose outputs a replaying segment keeps (CPU and CUDA variants).
 _ATTENTION_KERNELS = {
@@ -234,7 +240,7 @@ def tiled_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     (:class:`autosp.runtime.tiling.Tiled`); each input and output is cut along its
     ``autosp_seq_dim``. ``gm`` itself when nothing is marked."""
     from autosp.runtime.tiling import Tiled
-    if not any("autosp_tile" in n.meta for n in gm.graph.nodes):
+    if not any(_TILE in n.meta for n in gm.graph.nodes):
         return gm
     keys: dict[torch.fx.Node, str] = {}
     seen: set = set()
@@ -242,11 +248,11 @@ def tiled_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        tile = node.meta.get("autosp_tile")
+        tile = node.meta.get(_TILE)
         if tile is not None:
             seen.add(tile)
             keys[node] = f"tile{tile}"
-            tiles[f"submod_tile{tile}"] = node.meta["autosp_tiles"]
+            tiles[f"submod_tile{tile}"] = node.meta[_TILES]
         else:
             keys[node] = f"rest{len(seen)}"
     split = split_module(gm, gm, lambda n: keys[n])
@@ -262,7 +268,7 @@ def tiled_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def has_plan(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm``'s nodes carry a checkpoint plan."""
-    return any("autosp_segment" in n.meta for n in gm.graph.nodes)
+    return any(_SEGMENT in n.meta for n in gm.graph.nodes)
 
 
 def _sync_points_before_first_use(split: torch.fx.GraphModule) -> None:
@@ -296,14 +302,14 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
     kept: dict[torch.fx.Node, str] = {}
 
     def partition(node: torch.fx.Node) -> str:
-        if "autosp_segment" in node.meta:
-            return f"segment{node.meta['autosp_segment']}"
+        if _SEGMENT in node.meta:
+            return f"segment{node.meta[_SEGMENT]}"
         # Kept ops, and anything unplanned (getitem of a kept op's tuple), run as is.
         source = node
         if node.op == "call_function" and node.target.__name__ == "getitem" and isinstance(node.args[0], torch.fx.Node):
             source = node.args[0]
-            if "autosp_segment" in source.meta:
-                return f"segment{source.meta['autosp_segment']}"
+            if _SEGMENT in source.meta:
+                return f"segment{source.meta[_SEGMENT]}"
         if source.meta.get("autosp_grad_sync") or source.meta.get("autosp_unshard"):  # collectives on parameters
             return kept.setdefault(source, f"sync{len(kept)}")
         return kept.setdefault(source, f"keep{len(kept)}")
@@ -316,9 +322,9 @@ def checkpointed_module(gm: torch.fx.GraphModule, compile_segment=None) -> torch
             # The segment's own ops decide (split_module's placeholders carry the meta of
             # the node that produced them, in another segment).
             own = [n for n in child.graph.nodes if n.op not in ("placeholder", "output")]
-            replay = any(n.meta.get("autosp_replay") for n in own)
+            replay = any(n.meta.get(_REPLAY) for n in own)
             offload = None
-            if any(n.meta.get("autosp_offload") for n in own):
+            if any(n.meta.get(_OFFLOAD) for n in own):
                 from autosp.runtime.offload import Offloader
                 offloader = offload = offloader or Offloader()
             inner = tiled_module(child)

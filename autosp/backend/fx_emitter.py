@@ -29,7 +29,9 @@ from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_IN
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, SDPA_OP, WINDOW_ATTR
+from autosp.ir import contract
+from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR
+from autosp.ir.ops import SDPA_OP
 from autosp.runtime import attention, collectives
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
@@ -60,13 +62,13 @@ MLIR_TO_TORCH_DTYPE = {
 
 # autosp op -> (runtime function, names of its operands); attributes become keywords.
 _AUTOSP_OPS = {
-    "autosp.all_to_all": (collectives.all_to_all, ("x", "seq_len")),
-    "autosp.all_gather": (collectives.all_gather, ("x", "seq_len")),
-    "autosp.all_reduce": (collectives.all_reduce, ("x",)),
-    "autosp.reduce_scatter": (collectives.reduce_scatter, ("x",)),
-    "autosp.shard": (collectives.shard, ("x", "seq_len")),
-    "autosp.rewindow": (collectives.rewindow, ("x", "seq_len")),
-    "autosp.local_len": (collectives.local_len, ("seq_len",)),
+    contract.ALL_TO_ALL: (collectives.all_to_all, ("x", "seq_len")),
+    contract.ALL_GATHER: (collectives.all_gather, ("x", "seq_len")),
+    contract.ALL_REDUCE: (collectives.all_reduce, ("x",)),
+    contract.REDUCE_SCATTER: (collectives.reduce_scatter, ("x",)),
+    contract.SHARD: (collectives.shard, ("x", "seq_len")),
+    contract.REWINDOW: (collectives.rewindow, ("x", "seq_len")),
+    contract.LOCAL_LEN: (collectives.local_len, ("seq_len",)),
 }
 
 
@@ -85,7 +87,7 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
                                 chunk=chunk or None)
 
 
-_AUTOSP_OPS["autosp.vocab_logprob"] = (vocab_logprob, ("h", "weight_t", "index"))
+_AUTOSP_OPS[contract.VOCAB_LOGPROB] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
 def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: int, scale: float, group: str):
@@ -102,7 +104,7 @@ def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: in
                                is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None)
 
 
-_AUTOSP_OPS["autosp.ring_attention"] = (ring_attention, ("q", "k", "v", "seq_len", "doc_ids"))
+_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "doc_ids"))
 
 
 def resolve_torch_op(name: str):
@@ -184,20 +186,8 @@ class _Emitter:
 
     def _copy_plan(self, op, last) -> None:
         """Checkpoint plan attributes (``autosp-checkpoint``) onto the op's new nodes."""
-        plan = {}
-        if "autosp.segment" in op.attributes:
-            plan["autosp_segment"] = op.attributes["autosp.segment"].value
-        if "autosp.save" in op.attributes:
-            plan["autosp_save"] = True
-        if "autosp.replay" in op.attributes:
-            plan["autosp_replay"] = True
-        if "autosp.region" in op.attributes:
-            plan["autosp_region"] = op.attributes["autosp.region"].value
-        if "autosp.offload" in op.attributes:
-            plan["autosp_offload"] = True
-        if "autosp.tile" in op.attributes:
-            plan["autosp_tile"] = op.attributes["autosp.tile"].value
-            plan["autosp_tiles"] = op.attributes["autosp.tiles"].value
+        plan = {contract.plan_key(name): True if contract.ATTRIBUTES[name].value == "unit" else op.attributes[name].value
+                for name in contract.PLAN_ATTRS if name in op.attributes}
         if not plan:
             return
         node = last.next
@@ -240,7 +230,7 @@ class _Emitter:
             fn, operand_names = _AUTOSP_OPS[name]
             kwargs = {n: self.get(v, op) for n, v in zip(operand_names, op.operands)}
             kwargs.update({n: _attr_value(op.attributes[n]) for n in op.attributes
-                           if not n.startswith("autosp.")})  # autosp.* are plan annotations
+                           if not n.startswith(contract.PREFIX)})  # autosp.* are plan annotations
             self.values[op.results[0]] = self.graph.call_function(fn, (), kwargs)
         elif name.startswith("torch."):
             self.emit_torch_op(op, name)

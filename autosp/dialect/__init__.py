@@ -8,8 +8,3 @@ from __future__ import annotations
 from pathlib import Path
 
 IRDL_FILE = Path(__file__).with_name("autosp.irdl.mlir")
-
-#: Names of the ops the dialect defines (without the ``autosp.`` prefix).
-OPS = ("all_to_all", "all_gather", "all_reduce", "reduce_scatter", "shard", "rewindow", "local_len", "vocab_logprob",
-       "ring_attention")
-COLLECTIVES = ("all_to_all", "all_gather", "all_reduce", "reduce_scatter")

@@ -34,6 +34,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, symbolic
+from autosp.ir.contract import ARG_ATTRS, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 from autosp.runtime import fsdp
@@ -275,9 +276,9 @@ def _annotate_arguments(module: ir.Operation, infos: list[ArgInfo]) -> None:
     with module.context:
         dicts = []
         for info in infos:
-            entries = {f"autosp.{info.kind}": ir.StringAttr.get(info.name)}
+            entries = {ARG_ATTRS[ArgKind(info.kind)]: ir.StringAttr.get(info.name)}
             if info.seq_dim is not None:
-                entries["autosp.seq_dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), info.seq_dim)
+                entries[SEQ_DIM_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), info.seq_dim)
             dicts.append(ir.DictAttr.get(entries))
         func.attributes["arg_attrs"] = ir.ArrayAttr.get(dicts)
 
@@ -292,10 +293,10 @@ def read_arguments(module) -> list[ArgInfo]:
     for i, attr in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])):
         d = ir.DictAttr(attr)
         info = ArgInfo("input", f"arg{i}")
-        for kind in ("parameter", "buffer", "input"):
-            if f"autosp.{kind}" in d:
-                info = ArgInfo(kind, ir.StringAttr(d[f"autosp.{kind}"]).value)
-        if "autosp.seq_dim" in d:
-            info.seq_dim = ir.IntegerAttr(d["autosp.seq_dim"]).value
+        for kind, attr in ARG_ATTRS.items():
+            if attr in d:
+                info = ArgInfo(kind.value, ir.StringAttr(d[attr]).value)
+        if SEQ_DIM_ATTR in d:
+            info.seq_dim = ir.IntegerAttr(d[SEQ_DIM_ATTR]).value
         out.append(info)
     return out

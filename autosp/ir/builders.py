@@ -4,13 +4,15 @@ Example::
 
     >>> with ir.InsertionPoint(op):                       # insert before ``op``
     ...     two = constant_int(2)
-    ...     y = all_to_all(x, split_dim=1, concat_dim=2, group="sp", result_type=t)
+    ...     y = autosp_op(ALL_TO_ALL, [x, seq_len], t, split_dim=1, concat_dim=2, seq_dim=1, group="sp")
 """
 from __future__ import annotations
 
 import re
 
 from torch_mlir import ir
+
+from autosp.ir.contract import OPS
 
 
 def vtensor_shape(type_) -> tuple[list[int | None], str] | None:
@@ -44,13 +46,14 @@ def i64(value: int) -> ir.Attribute:
 
 
 def autosp_op(name: str, operands, result_type: ir.Type, **attrs) -> ir.Value:
-    """An ``autosp.<name>`` op on ``operands`` (a value or a list); int attributes become
-    i64, strings StringAttr."""
+    """The autosp op ``name`` (one of :data:`autosp.ir.contract.OPS`) on ``operands`` (a
+    value or a list); int attributes become i64, floats f64, strings StringAttr."""
+    assert name in OPS, f"{name} is not an op of the autosp dialect"
     operands = list(operands) if isinstance(operands, (list, tuple)) else [operands]
     attributes = {k: (i64(v) if isinstance(v, int) else
                       ir.FloatAttr.get(ir.F64Type.get(), v) if isinstance(v, float) else ir.StringAttr.get(v))
                   for k, v in attrs.items()}
-    return ir.Operation.create(f"autosp.{name}", results=[result_type], operands=operands,
+    return ir.Operation.create(name, results=[result_type], operands=operands,
                                attributes=attributes).result
 
 

@@ -16,7 +16,9 @@ from torch_mlir.dialects import irdl
 from torch_mlir.dialects import torch as torch_d
 
 from autosp.dialect import IRDL_FILE
+from autosp.ir.builders import vtensor_shape
 from autosp.ir.diagnostics import DiagnosticError
+from autosp.ir.ops import BIND_SHAPE, CONSTANT_NONE
 
 _IRDL_TEXT: str | None = None
 
@@ -116,8 +118,22 @@ def body_ops(func) -> Iterator[ir.Operation]:
 
 
 def users(value: ir.Value) -> list:
-    """The ops that use ``value``."""
-    return [u.owner for u in value.uses]
+    """The ops that use ``value``, its ``torch.bind_symbolic_shape`` annotations aside (they
+    only describe it), in use order (an op using it twice appears twice)."""
+    return [u.owner.operation for u in value.uses if op_name(u.owner) != BIND_SHAPE]
+
+
+def tensor_dims(value: ir.Value) -> list | None:
+    """The sizes of a ``!torch.vtensor`` value's type (None: a dynamic dim); None when
+    ``value`` is not a tensor of known rank.
+
+    Example::
+
+        >>> tensor_dims(x)                     # x: !torch.vtensor<[2,?,8],f32>
+        [2, None, 8]
+    """
+    found = vtensor_shape(value.type)
+    return None if found is None else found[0]
 
 
 def const_int(value: ir.Value) -> int | None:
@@ -154,4 +170,4 @@ def producer(value: ir.Value):
 def is_none(value: ir.Value) -> bool:
     """Is ``value`` the result of ``torch.constant.none``?"""
     op = producer(value)
-    return op is not None and op_name(op) == "torch.constant.none"
+    return op is not None and op_name(op) == CONSTANT_NONE

@@ -16,25 +16,10 @@ from __future__ import annotations
 
 import functools
 
+from autosp.ir.contract import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, LOCAL_LEN, REDUCE_SCATTER, RING_ATTENTION
+
 # ---------------------------------------------------------------- attention
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
-# On an SDPA with is_causal: keys restricted to the last W positions (q - W < k <= q).
-WINDOW_ATTR = "autosp.window"
-# On an SDPA whose mask autosp-causal-mask could not recognise: the reason (the mask stays).
-KEPT_MASK_ATTR = "autosp.mask_kept"
-# On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] key padding mask, and-ed with
-# the causal (or windowed) structure.
-KEY_PADDING_ATTR = "autosp.key_padding"
-# On an SDPA with is_causal: its mask operand is a [B, 1, 1, S] integer tensor of document
-# ids; query i sees key j only within its document (and-ed with the causal or windowed structure).
-DOCUMENTS_ATTR = "autosp.documents"
-# With KEY_PADDING_ATTR: "uniform" when the original mask was additive with a finite masking
-# constant, so a query whose keys are all padded attends uniformly to every key (as eager
-# softmax over equal scores does) instead of getting zeros.
-EMPTY_ROWS_ATTR = "autosp.empty_rows"
-# On a softmax over attention scores that autosp-fuse-attention could not prove to be exact
-# softmax attention: the reason (its [S, S] scores stay, and the compile warns).
-UNFUSED_ATTR = "autosp.unfused_attention"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
@@ -93,7 +78,7 @@ UNSQUEEZE_OP = "torch.aten.unsqueeze"
 SELECT_OP = "torch.aten.select.int"
 # Ops (name prefixes) that read values but compute no tensor of the layout problem.
 NO_LAYOUT = ("torch.constant.", "torch.prim.ListConstruct", "torch.symbolic_int", "torch.bind_symbolic_shape",
-             "torch.vtensor.literal", "func.return", "autosp.local_len")
+             "torch.vtensor.literal", "func.return", LOCAL_LEN)
 
 # ---------------------------------------------------------------- reshapes (attention partitioning)
 # Ops that only reinterpret or copy their operand 0 (a repeat_kv chain's tail).
@@ -107,10 +92,8 @@ ATTENTION_RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsa
                       "torch.aten.contiguous", "torch.aten.mul.Scalar", "torch.aten.div.Scalar")
 
 # ---------------------------------------------------------------- collectives
-ALL_TO_ALL = "autosp.all_to_all"
-RING_ATTENTION = "autosp.ring_attention"
-COMMUNICATION_OPS = ("autosp.all_to_all", "autosp.all_gather", "autosp.all_reduce", "autosp.reduce_scatter",
-                     "autosp.ring_attention")
+# (the names: autosp.ir.contract, with every autosp.* attribute)
+COMMUNICATION_OPS = (ALL_TO_ALL, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RING_ATTENTION)
 
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.

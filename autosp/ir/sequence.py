@@ -32,9 +32,11 @@ from torch_mlir import ir
 
 from autosp.ir import ops
 from autosp.ir import builders as b
+from autosp.ir.contract import ATTENTION_ATTR, SEQ_ATTR, SEQ_DIM_ATTR, AttentionKind
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.core import body_ops, const_bool, const_int, main_func, op_name, producer
 from autosp.ir.diagnostics import AutospError, DiagnosticError
+from autosp.ir.sizes import fold_affine
 
 NOT_SEQ = "_"  # how a dimension that does not depend on S is printed in ``autosp.seq``
 
@@ -149,10 +151,6 @@ def combine(operator: str, lhs, rhs):
     return _Free(text)
 
 
-_AFFINE_OPERATORS = ((ir.AffineAddExpr, "+"), (ir.AffineMulExpr, "*"), (ir.AffineFloorDivExpr, "floordiv"),
-                     (ir.AffineCeilDivExpr, "ceildiv"), (ir.AffineModExpr, "mod"))
-
-
 def seq_expr_of_affine(expr: ir.AffineExpr, symbols: list[bool]):
     """Read an affine expression of the bound symbols; ``symbols[k]`` says whether ``s<k>`` is S.
 
@@ -164,18 +162,19 @@ def seq_expr_of_affine(expr: ir.AffineExpr, symbols: list[bool]):
         >>> seq_expr_of_affine(<s0 * 2 - 2>, [True])
         Linear(a=2, b=-2)
     """
-    if isinstance(expr, ir.AffineConstantExpr):
-        return Linear(0, expr.value)
-    if isinstance(expr, ir.AffineSymbolExpr):
-        return Linear(1) if symbols[expr.position] else _Free(f"sym{expr.position}")
-    for cls, operator in _AFFINE_OPERATORS:
-        if isinstance(expr, cls):
-            lhs, rhs = seq_expr_of_affine(expr.lhs, symbols), seq_expr_of_affine(expr.rhs, symbols)
-            if operator == "+" and isinstance(rhs, Linear) and rhs.is_constant and rhs.b < 0 \
-                    and not isinstance(lhs, Linear):
-                return combine("-", lhs, Linear(0, -rhs.b))  # print "x - 1", as MLIR does
-            return combine(operator, lhs, rhs)
-    raise AutospError(f"unsupported affine expression {expr}")
+    def symbol(k: int):
+        return Linear(1) if symbols[k] else _Free(f"sym{k}")
+
+    def unsupported(e: ir.AffineExpr):
+        raise AutospError(f"unsupported affine expression {e}")
+    return fold_affine(expr, lambda c: Linear(0, c), symbol, _combine_as_printed, unsupported)
+
+
+def _combine_as_printed(operator: str, lhs, rhs):
+    """:func:`combine`, with ``x + -c`` read as ``x - c`` (printed as MLIR prints it)."""
+    if operator == "+" and isinstance(rhs, Linear) and rhs.is_constant and rhs.b < 0 and not isinstance(lhs, Linear):
+        return combine("-", lhs, Linear(0, -rhs.b))
+    return combine(operator, lhs, rhs)
 
 
 def depends_on_s(x) -> bool:
@@ -190,7 +189,7 @@ class SequenceInfo:
     symbol: ir.Value  # the torch.symbolic_int of S
     dims: dict = field(default_factory=dict)  # ir.Value -> [None | SeqExpr per dim], for tensors touching S
     scalars: dict = field(default_factory=dict)  # ir.Value -> SeqExpr, for !torch.int values depending on S
-    attention: list = field(default_factory=list)  # (op, "sdpa" | "manual")
+    attention: list = field(default_factory=list)  # (op, AttentionKind)
 
     def seq_dims(self, value) -> list[int]:
         """Indices of the dimensions of ``value`` whose size depends on S."""
@@ -214,8 +213,8 @@ def _seq_dim_args(func) -> dict:
     marked = {}
     if "arg_attrs" in func.attributes:
         for i, attr in enumerate(func.attributes["arg_attrs"]):
-            if "autosp.seq_dim" in attr:
-                marked[block.arguments[i]] = attr["autosp.seq_dim"].value
+            if SEQ_DIM_ATTR in attr:
+                marked[block.arguments[i]] = attr[SEQ_DIM_ATTR].value
     return marked
 
 
@@ -291,9 +290,9 @@ def analyze_sequence(module, require_attention: bool = True) -> SequenceInfo:
             _propagate_unbound(op, info)
 
         if name == ops.SDPA_OP:
-            info.attention.append((op, "sdpa"))
+            info.attention.append((op, AttentionKind.SDPA))
         elif name in ops.SOFTMAX_OPS and len(info.seq_dims(op.operands[0])) >= 2:
-            info.attention.append((op, "manual"))
+            info.attention.append((op, AttentionKind.MANUAL))
 
     if require_attention and not info.attention:
         raise DiagnosticError.at(func, "has no attention to partition: found no "
@@ -373,12 +372,12 @@ def annotate(module, info: SequenceInfo) -> None:
                 continue
             r = op.results[0]
             if r in info.dims:
-                op.attributes["autosp.seq"] = ir.ArrayAttr.get(
+                op.attributes[SEQ_ATTR] = ir.ArrayAttr.get(
                     [ir.StringAttr.get(NOT_SEQ if e is None else str(e)) for e in info.dims[r]])
             elif r in info.scalars:
-                op.attributes["autosp.seq"] = ir.StringAttr.get(str(info.scalars[r]))
+                op.attributes[SEQ_ATTR] = ir.StringAttr.get(str(info.scalars[r]))
         for op, kind in info.attention:
-            op.attributes["autosp.attention"] = ir.StringAttr.get(kind)
+            op.attributes[ATTENTION_ATTR] = ir.StringAttr.get(kind.value)
 
 
 def sequence_length_value(module, info: SequenceInfo) -> ir.Value:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autosp.ir.contract import EmptyRows
 from autosp.runtime import kernels
 from autosp.runtime.kernels import has_values, on_cuda
 
@@ -120,14 +121,14 @@ def _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
     """``out`` where ``empty`` ([B, 1|H, S, 1]) is False; elsewhere eager's answer for a row
     masked everywhere: "mean" (masked_fill: the mean of the values, gradient to the values
     only) or "uniform" (additive mask: the same value, gradient through the scores)."""
-    if empty_rows not in ("mean", "uniform"):
+    if empty_rows not in tuple(EmptyRows):
         raise ValueError(f"empty_rows must be None, 'mean' or 'uniform', got {empty_rows!r}")
     if has_values(out) and not bool(empty.any()):
         return out
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // value.shape[-3]
         key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
-    if empty_rows == "mean":
+    if empty_rows == EmptyRows.MEAN:
         return torch.where(empty, value.mean(dim=-2, keepdim=True).to(out.dtype), out)
     s = key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale

@@ -30,7 +30,8 @@ A collective whose result is replicated (``all_reduce``, ``all_gather``) therefo
 and summing the parameter gradients over the group gives the single-device gradient.
 ``all_to_all`` is a permutation, and its backward is the inverse exchange.
 
-This module is the bottom of the dependency graph: it imports nothing else of autosp.
+This module is the bottom of the dependency graph: it imports nothing else of autosp but the
+IR contract's names (:mod:`autosp.ir.contract`, plain data).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from autosp.ir.contract import LayoutField
 
 _GROUPS: dict[str, object] = {}
 _LAYOUTS: dict[str, "SeqLayout"] = {}  # group name -> its sequence layout (default: even split)
@@ -97,21 +100,23 @@ class SeqLayout:
 
     def describe(self) -> str:
         """``"ulysses=2 ring=2 zigzag"``: the form of the IR's ``autosp.sp_layout``."""
-        return f"ulysses={self.ulysses} ring={self.ring}" + (" zigzag" if self.zigzag else "")
+        return f"{LayoutField.ULYSSES}={self.ulysses} {LayoutField.RING}={self.ring}" + (
+            f" {LayoutField.ZIGZAG}" if self.zigzag else "")
 
     @classmethod
     def parse(cls, text: str) -> "SeqLayout":
         """The inverse of :meth:`describe`."""
-        degrees, zigzag = {"ulysses": 1, "ring": 1}, False
+        degrees: dict[str, int] = {LayoutField.ULYSSES: 1, LayoutField.RING: 1}
+        zigzag = False
         for word in text.split():
             key, _, value = word.partition("=")
-            if key == "zigzag" and not value:
+            if key == LayoutField.ZIGZAG and not value:
                 zigzag = True
             elif key in degrees:
                 degrees[key] = int(value)
             else:
                 raise ValueError(f"sequence layout {text!r}: unknown field {key!r}")
-        return cls(degrees["ulysses"], degrees["ring"], zigzag)
+        return cls(degrees[LayoutField.ULYSSES], degrees[LayoutField.RING], zigzag)
 
 
 def _base(name: str) -> tuple[str, str]:

@@ -1,0 +1,452 @@
+"""The layouts of ``autosp-shard-sequence`` and its op rules: what each op class does to them.
+
+The first two of the pass's three parts (:mod:`autosp.passes.shard_sequence` has the
+propagation and the rewriter):
+
+* the **layouts**: :class:`Replicated`, :class:`SequenceSharded` (a rank's chunk of a
+  :class:`Window` along one dim), :class:`HeadSharded`;
+* the **op rules**: :func:`op_class` names what an op does to the sequence, and
+  :class:`Rules` decides from the operands' layouts and the sequence analysis alone the
+  result's layout and what the rewriter must do (a :class:`Decision`). They read the IR,
+  never edit it; an op they cannot prove local is diagnosed, naming it.
+
+Example::
+
+    >>> op_class(op)                          # %y = torch.aten.add.Tensor %x, %pos, %int1
+    <OpClass.POINTWISE: 'token-wise'>
+    >>> Rules(info, params).decide(op, op_class(op), [x, pos], [SequenceSharded(1), REPLICATED], True).action
+    <Action.SHARD_OPERANDS: "slice replicated operands to the result's window, localise sizes">
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from torch_mlir import ir
+
+from autosp.ir import ops
+from autosp.ir.builders import vtensor_shape
+from autosp.ir.contract import ALL_TO_ALL, RING_ATTENTION
+from autosp.ir.core import const_int, is_none, op_name, producer
+from autosp.ir.diagnostics import DiagnosticError
+from autosp.ir.sequence import Linear, SequenceInfo
+
+
+# ============================================================================ layouts
+@dataclass(frozen=True)
+class Window:
+    """The part ``[lo, S - trim)`` of the sequence a value covers."""
+
+    lo: int = 0
+    trim: int = 0
+
+    @property
+    def length(self) -> Linear:
+        """The window's length as ``S - (lo + trim)``."""
+        return Linear(1, -(self.lo + self.trim))
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """Every rank computes the whole value."""
+
+    def __str__(self) -> str:
+        return "replicated"
+
+
+@dataclass(frozen=True)
+class SequenceSharded:
+    """Each rank holds its chunk of ``window`` along dimension ``dim``."""
+
+    dim: int
+    window: Window = Window()
+
+    def __str__(self) -> str:
+        return f"sequence-sharded(dim {self.dim}, window [{self.window.lo}, S - {self.window.trim}))"
+
+
+@dataclass(frozen=True)
+class HeadSharded:
+    """Heads split across ranks, each over the full sequence (inside Ulysses attention)."""
+
+    def __str__(self) -> str:
+        return "head-sharded"
+
+
+Layout = Union[Replicated, SequenceSharded, HeadSharded]
+REPLICATED, HEAD_SHARDED = Replicated(), HeadSharded()
+
+
+# ============================================================================ op rules
+class OpClass(enum.Enum):
+    """What an op does to the sequence, as far as layouts are concerned."""
+
+    TO_HEADS = "all_to_all to heads"
+    TO_SEQUENCE = "all_to_all to sequence"
+    RING = "ring attention"  # q, k, v sharded alike -> output sharded alike
+    SUM = "sum"  # over the sequence: local sum + all-reduce
+    SLICE = "slice"  # along the sequence: narrows the window
+    SELECT = "select"  # one position: needs the whole sequence
+    INDEX = "index"  # advanced indexing: the identity range along the sequence is local
+    CONTRACTION = "matmul"  # mixes positions when it contracts the sequence dim
+    POINTWISE = "token-wise"  # everything else, once Rules.check_token_wise proved it keeps
+    # each position's data at its position (no dim argument on the sequence, no convolution
+    # or pooling over it, the sequence length kept)
+
+
+def op_class(op) -> OpClass:
+    """The :class:`OpClass` of ``op``, by its name (tables in :mod:`autosp.ir.ops`)."""
+    name = op_name(op)
+    if name == ALL_TO_ALL:
+        to_heads = op.attributes["concat_dim"].value == op.attributes["seq_dim"].value
+        return OpClass.TO_HEADS if to_heads else OpClass.TO_SEQUENCE
+    if name == RING_ATTENTION:
+        return OpClass.RING
+    if name in ops.SUM_OPS:
+        return OpClass.SUM
+    if name == ops.SLICE_OP:
+        return OpClass.SLICE
+    if name == ops.SELECT_OP:
+        return OpClass.SELECT
+    if name in ops.INDEX_OPS:
+        return OpClass.INDEX
+    if name in ops.CONTRACTIONS:
+        return OpClass.CONTRACTION
+    return OpClass.POINTWISE
+
+
+class Action(enum.Enum):
+    """What the rewriter does for an op once the rules chose its result's layout."""
+
+    NONE = "keep the op as it is"
+    SHARD_OPERANDS = "slice replicated operands to the result's window, localise sizes"
+    ALL_REDUCE = "all-reduce the (partial) result"
+    REWINDOW = "replace the slice by a window change"
+    LOCAL_INDEX = "index the sequence dim with the local range, shard the other operands"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :class:`Rules` decided for an op: its result's layout and the rewriter's action."""
+
+    layout: Layout
+    action: Action = Action.NONE
+    window: Window | None = None  # for REWINDOW: the new window
+    index_dim: int | None = None  # for LOCAL_INDEX: the sequence dim the identity range indexes
+
+    def sharded(self) -> SequenceSharded:
+        """The layout of a SHARD_OPERANDS, LOCAL_INDEX or REWINDOW decision, which :class:`Rules`
+        always makes sequence-sharded."""
+        assert isinstance(self.layout, SequenceSharded), self
+        return self.layout
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A slice bound: ``offset`` positions from the ``start`` (>= 0) or the ``end`` (<= 0)."""
+
+    from_end: bool
+    offset: int
+
+
+END_OF_SEQUENCE = 1 << 62  # a constant end this large (INT64_MAX in exported graphs) means "no end"
+
+
+class Rules:
+    """The layout rules (see :class:`ShardSequence`): they read the IR, never edit it."""
+
+    def __init__(self, info: SequenceInfo, params: set):
+        self.info = info
+        self.params = params
+
+    def decide(self, op, kind: OpClass, tensor_operands: list, layouts: list, param_derived: bool) -> Decision:
+        res_dims = self.result_seq_dims(op)
+        if kind is OpClass.TO_HEADS:
+            seq_dim = op.attributes["seq_dim"].value
+            if layouts[0] != SequenceSharded(seq_dim):
+                raise DiagnosticError.at(op, "attention inputs must be sequence-sharded on the whole sequence "
+                                             f"along dim {seq_dim}, got {layouts[0]}")
+            return Decision(HEAD_SHARDED)
+        if kind is OpClass.TO_SEQUENCE:
+            if layouts[0] != HEAD_SHARDED:
+                raise DiagnosticError.at(op, "expects a head-sharded operand")
+            return Decision(SequenceSharded(op.attributes["seq_dim"].value))
+        if kind is OpClass.RING:
+            # q, k, v: sequence-sharded on the whole sequence (ring alone) or head-sharded
+            # frames (inside Ulysses); the document ids stay replicated (read by position).
+            if layouts[0] != SequenceSharded(2) and layouts[0] != HEAD_SHARDED or \
+                    any(lay != layouts[0] for lay in layouts[1:3]):
+                raise DiagnosticError.at(op, "ring attention needs q, k and v sequence-sharded on the whole "
+                                             f"sequence along dim 2, or head-sharded; got {', '.join(map(str, layouts[:3]))}")
+            return Decision(layouts[0])
+        if HEAD_SHARDED in layouts:
+            # Inside attention: queries and keys are whole, so replicated masks stay whole.
+            if any(isinstance(x, SequenceSharded) for x in layouts):
+                raise DiagnosticError.at(op, "mixes head-sharded attention values with sequence-sharded ones")
+            return Decision(HEAD_SHARDED)
+
+        sharded = [lay for lay in layouts if isinstance(lay, SequenceSharded)]
+        if sharded:
+            return self.decide_sharded(op, kind, tensor_operands, layouts, res_dims)
+        if res_dims and param_derived and len(res_dims) == 1:
+            # Rule 2: sharding starts here, on the window of the replicated operand.
+            for v in tensor_operands:
+                dims = self.info.seq_dims(v)
+                if len(dims) == 1 and v not in self.params:
+                    window = self.window_of_replicated(v, dims[0])
+                    if window is not None:
+                        self.check_token_wise(op, kind, tensor_operands)
+                        return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
+                    break
+            raise DiagnosticError.at(op, "starts sequence-sharded work from an operand whose sequence size "
+                                         "autosp cannot split")
+        return Decision(REPLICATED)
+
+    def decide_sharded(self, op, kind, tensor_operands, layouts, res_dims) -> Decision:
+        sharded = [lay for lay in layouts if isinstance(lay, SequenceSharded)]
+        windows = {lay.window for lay in sharded}
+        if len(windows) > 1:
+            ranges = sorted((w.lo, w.trim) for w in windows)
+            raise DiagnosticError.at(op, f"combines sequence-sharded values on different windows {ranges} "
+                                         "(e.g. tokens shifted against each other); autosp cannot align them "
+                                         "without communication")
+        window = windows.pop()
+        source = tensor_operands[0]
+        if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
+            dim = const_int(op.operands[1])
+            if dim is None:
+                raise DiagnosticError.at(op, "slices along a dimension that is not a constant")
+            entries = self.info.dims.get(source) or []
+            lay = layouts[0]
+            if entries and dim % len(entries) == lay.dim:
+                if kind is OpClass.SELECT:
+                    raise DiagnosticError.at(op, "selects one position of the sequence; each rank holds only "
+                                                 "part of it, so autosp cannot shard this op")
+                new = self.slice_window(op, lay.window)
+                return Decision(SequenceSharded(lay.dim, new), Action.REWINDOW, new)
+        if kind is OpClass.INDEX and isinstance(layouts[0], SequenceSharded):
+            items = list_items(op.operands[1])
+            d = layouts[0].dim
+            if d < len(items) and not is_none(items[d]):
+                if not self.is_identity_range(items[d], source, d):
+                    raise DiagnosticError.at(op, f"indexes the sequence dimension ({d}) with a tensor that is not "
+                                                 "the range 0..S-1; a gather over positions needs the whole "
+                                                 "sequence, so autosp cannot shard this op")
+                if len(res_dims) != 1:
+                    raise DiagnosticError.at(op, "indexes the sequence into a result autosp cannot describe")
+                return Decision(SequenceSharded(res_dims[0], window), Action.LOCAL_INDEX, index_dim=d)
+        if not res_dims:
+            unknown = [r for r in op.results if is_tensor(r) and r not in self.info.dims
+                       and None in (vtensor_shape(r.type) or ((),))[0]]
+            if unknown:
+                raise DiagnosticError.at(op, f"has a result {unknown[0].type} with a dynamic size and no shape "
+                                             "binding: autosp cannot tell whether it is the sequence")
+            self.check_contraction(op, kind)
+            along = self.sequence_dims_along(op)
+            if kind is OpClass.SUM and (along or not ops.dim_operands(op_name(op))):
+                # proven: the sum's dims name the sequence (torch.aten.sum sums every dim)
+                return Decision(REPLICATED, Action.ALL_REDUCE)
+            where = f" dimension ({along[0]})" if along else ""
+            raise DiagnosticError.at(op, f"reduces over the sequence{where}, which autosp can only split for sums "
+                                         "(local sums + an all-reduce)")
+        if len(res_dims) > 1:
+            raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
+                                         "cannot shard it")
+        self.check_token_wise(op, kind, tensor_operands)
+        return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
+
+    # ---------------------------------------------------------------- rule helpers
+    def result_seq_dims(self, op) -> list[int]:
+        """The sequence dims of ``op``'s result. An op with several results (a layer norm's
+        output, mean and rstd) is token-wise when every result that has a sequence dim has
+        it at the same index: that index; results that disagree give ``[]``."""
+        dims = [self.info.seq_dims(r) for r in op.results]
+        found = [d for d in dims if d]
+        if len(dims) == 1 or not found:
+            return dims[0]
+        return found[0] if all(d == found[0] for d in found) else []
+
+    def window_of_replicated(self, value, dim: int) -> Window | None:
+        """The window a replicated value of length ``S - c`` (c >= 0) spans when sharding starts."""
+        length = self.info.length(value, dim)
+        if not isinstance(length, Linear) or length.a != 1 or length.b > 0:
+            return None
+        return Window(0, -length.b)
+
+    def check_token_wise(self, op, kind: OpClass, tensor_operands: list) -> None:
+        """Diagnose an op about to be sharded that would combine positions of the sequence
+        (rule 6): a matmul contracting it, a dim argument on it, a convolution or pooling
+        over it, or a result whose sequence is longer or shorter than its operands'."""
+        self.check_contraction(op, kind)
+        along = self.sequence_dims_along(op)
+        if along:
+            raise DiagnosticError.at(op, f"works along the sequence dimension ({along[0]}); each rank holds only "
+                                         "part of it, so autosp cannot shard this op")
+        kept = ops.MIXING_WITHOUT_DIM.get(_schema_name(op))
+        mixed = [d for v in _dim_sources(op) for d in self.info.seq_dims(v) if kept is not None and d not in kept]
+        if mixed:
+            raise DiagnosticError.at(op, f"combines neighbouring positions along the sequence dimension ({mixed[0]}) "
+                                         "(a convolution, pooling or normalisation over positions); each rank holds "
+                                         "only part of it, so autosp cannot shard this op")
+        self.check_keeps_length(op, tensor_operands)
+
+    def check_contraction(self, op, kind: OpClass) -> None:
+        if kind is OpClass.CONTRACTION:
+            ra = self.info.dims.get(op.operands[0])
+            rb = self.info.dims.get(op.operands[1])
+            if (ra and ra[-1] is not None) or (rb and rb[-2 if len(rb) > 1 else 0] is not None):
+                raise DiagnosticError.at(op, "contracts the sequence dimension (a matmul over positions) outside "
+                                             "recognised attention; autosp cannot shard it")
+
+    def sequence_dims_along(self, op) -> list[int]:
+        """The sequence dims (as the IR writes them: ``-2`` stays ``-2``) that ``op`` works
+        along, from its schema's dim arguments (``ops.dim_operands``, at their own operand
+        positions) read against its first operand (or the tensors of a ``cat``). None or an
+        empty list (every dim, for reductions and ``roll``) counts as the sequence; a dim
+        that is not a constant is diagnosed where the operand has a sequence dim: autosp
+        cannot prove it is not the sequence."""
+        name = _schema_name(op)
+        sources = [v for v in _dim_sources(op) if self.info.seq_dims(v)]
+        if not sources or name in ops.LAYOUT_DIM_OPS:
+            return []
+        seq, rank = self.info.seq_dims(sources[0]), len(self.info.dims[sources[0]])
+        found: list[int] = []
+        for index, arg in ops.dim_operands(name):
+            if index >= len(op.operands):
+                continue
+            dims = _read_dims(op.operands[index], every_dim_if_empty=name not in ops.EMPTY_DIMS_MEAN_NONE)
+            if dims is None:
+                raise DiagnosticError.at(op, f"works along a dimension ('{arg}', operand {index}) that is not a "
+                                             "constant; autosp cannot prove it is not the sequence dimension, so "
+                                             "it cannot shard this op")
+            found += seq if dims == "all" else [d for d in dims if -rank <= d < rank and d % rank in seq]
+        return found
+
+    def check_keeps_length(self, op, tensor_operands: list) -> None:
+        """A token-wise op keeps the sequence's length: a result whose sequence is longer or
+        shorter than an operand's (a ``cat`` or ``pad`` along it, a ``repeat``) moved
+        positions. Views and broadcasts are the exception: rule 1 localises their sizes."""
+        if op_name(op) in ops.SIZE_LIST_OPS:
+            return
+        result = next(r for r in op.results if self.info.seq_dims(r))
+        out = self.info.length(result, self.info.seq_dims(result)[0])
+        for v in tensor_operands:
+            for d in self.info.seq_dims(v):
+                length = self.info.length(v, d)
+                if length != out:
+                    raise DiagnosticError.at(op, f"changes the length of the sequence ({length} -> {out}); "
+                                                 "each rank holds only part of it, so autosp cannot shard this op")
+
+    def is_identity_range(self, index, source, dim: int) -> bool:
+        """Is ``index`` the range ``0, 1, ..., n-1`` over the length ``n`` of ``source``'s
+        sequence dim ``dim`` (an ``arange``, then unsqueezes: the decomposition of
+        ``x[:, :, [k]]`` indexes every other dim with its full range)? Indexing with it
+        keeps every position where it is, so each rank indexes with its local range."""
+        op = producer(index)
+        while op is not None and op_name(op) == ops.UNSQUEEZE_OP:
+            op = producer(op.operands[0])
+        if op is None or op_name(op) not in ops.ARANGE_OPS:
+            return False
+        name = op_name(op)
+        start = const_int(op.operands[0]) if name != "torch.aten.arange" else 0
+        end = op.operands[0] if name == "torch.aten.arange" else op.operands[1]
+        step = const_int(op.operands[2]) if name == "torch.aten.arange.start_step" else 1
+        length = self.info.length(source, dim)
+        return start == 0 and step == 1 and length is not None and self.info.scalars.get(end) == length
+
+    def bound(self, op, value, window: Window, is_start: bool) -> Bound:
+        """Classify a slice bound exactly (rule 4): from the start, or from the end."""
+        if is_none(value):
+            return Bound(from_end=not is_start, offset=0)
+        c = const_int(value)
+        if c is not None:
+            if c >= END_OF_SEQUENCE:  # torch writes "to the end" as INT64_MAX
+                return Bound(True, 0)
+            return Bound(True, c) if c < 0 else Bound(False, c)
+        expr = self.info.scalars.get(value)
+        if isinstance(expr, Linear) and expr.a == 1:
+            # S + b on a value of length S - (lo + trim): (lo + trim + b) from its end.
+            offset = expr.b + window.lo + window.trim
+            if offset > 0 and not is_start:
+                offset = 0  # past the end: a slice stops at the end
+            return Bound(True, offset)
+        what = f"'{expr}', which is not S plus a constant" if expr is not None else \
+            "that is neither a constant nor computed from the sequence length"
+        raise DiagnosticError.at(op, f"slices the sequence with a bound {what}; autosp supports constant "
+                                     "bounds and bounds of the form S + c")
+
+    def slice_window(self, op, window: Window) -> Window:
+        """The window of ``op`` (a slice along the sequence) applied to ``window``."""
+        step = op.operands[4]
+        if not is_none(step) and const_int(step) != 1:
+            raise DiagnosticError.at(op, "slices the sequence with a step; autosp supports step 1")
+        start = self.bound(op, op.operands[2], window, is_start=True)
+        end = self.bound(op, op.operands[3], window, is_start=False)
+        if not start.from_end and end.from_end:
+            return Window(window.lo + start.offset, window.trim - end.offset)
+        if not start.from_end and not end.from_end:
+            length = max(end.offset - start.offset, 0)
+            raise DiagnosticError.at(op, f"truncates the sequence to a fixed length {length} (positions "
+                                         f"[{start.offset}, {end.offset})); autosp supports slices that trim a "
+                                         "constant number of positions from either end (x[:, 1:], x[:, :-1]), "
+                                         "not a fixed-length part of a sequence of any length")
+        if start.from_end and end.from_end:
+            if start.offset > 0:
+                raise DiagnosticError.at(op, "slices the sequence from a start past its end")
+            raise DiagnosticError.at(op, f"keeps a fixed number ({max(end.offset - start.offset, 0)}) of the "
+                                         "last positions of the sequence; autosp supports slices that trim a "
+                                         "constant number of positions from either end (x[:, 1:], x[:, :-1])")
+        raise DiagnosticError.at(op, f"slices the sequence from {-start.offset} before its end to the fixed "
+                                     f"position {end.offset}; autosp supports slices that trim a constant "
+                                     "number of positions from either end (x[:, 1:], x[:, :-1])")
+
+
+# ============================================================================ reading the IR
+def list_items(value) -> list:
+    """The items of a ``torch.prim.ListConstruct`` result (empty for anything else)."""
+    owner = producer(value)
+    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT:
+        return []
+    return list(owner.operands)
+
+
+def is_tensor(value) -> bool:
+    """Is ``value`` a tensor (or a list of tensors)?"""
+    return "vtensor" in str(value.type)
+
+
+def _schema_name(op) -> str:
+    """The aten name of ``op``, also for a ``torch.operator "torch.aten.X"`` torch-mlir kept opaque."""
+    name = op_name(op)
+    if name == "torch.operator" and "name" in op.attributes:
+        inner = ir.StringAttr(op.attributes["name"]).value
+        return inner if inner.startswith("torch.") else "torch." + inner
+    return name
+
+
+def _dim_sources(op) -> list:
+    """The tensors an op's dim arguments index: its operand 0, or the items of a tensor list
+    there (``torch.aten.cat``)."""
+    if not op.operands:
+        return []
+    items = list_items(op.operands[0])
+    return [v for v in items if is_tensor(v)] if items else [op.operands[0]]
+
+
+def _read_dims(value, every_dim_if_empty: bool = True):
+    """The dims a dim operand names: ``[d]`` for an int, its items for a list of constants
+    (a tuple arrives as a list), ``"all"`` for None (and for an empty list where that means
+    every dim); None when autosp cannot read it (not a constant)."""
+    if is_none(value):
+        return "all"
+    c = const_int(value)
+    if c is not None:
+        return [c]
+    owner = producer(value)
+    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT:
+        return None
+    items = [const_int(v) for v in owner.operands]
+    if any(d is None for d in items):
+        return None
+    return items if items or not every_dim_if_empty else "all"
