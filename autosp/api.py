@@ -24,8 +24,16 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autosp.backend.module import CompiledProgram
-from autosp.driver import (CHECKPOINTING, emit_program, kept_masks, module_choice, module_layout, seq_len_of,
-                           transform, transform_once_per_group)
+from autosp.driver import (
+    CHECKPOINTING,
+    emit_program,
+    kept_masks,
+    module_choice,
+    module_layout,
+    seq_len_of,
+    transform,
+    transform_once_per_group,
+)
 from autosp.frontend.importer import input_paths, prepare_input
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
@@ -190,7 +198,7 @@ class AutospModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
-        parts = []
+        parts: list[tuple] = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 shape = tuple(None if (d == self.seq_dim and leaf.dim() > self.seq_dim) else s

@@ -42,9 +42,9 @@ from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.ir.builders import vtensor_shape
+from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
-from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
 from autosp.ir.ops import SDPA_OP
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
@@ -76,7 +76,7 @@ class Transformed:
                              self.timings))
 
     @staticmethod
-    def from_bytes(data: bytes) -> "Transformed":
+    def from_bytes(data: bytes) -> Transformed:
         with warnings.catch_warnings():  # torch's own pytree specs, unpickled (LeafSpec's deprecation)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             code, args, out_spec, tensor_leaves, mlir, timings = pickle.loads(data)  # sent by the group's first rank
@@ -143,7 +143,7 @@ def bind_group(module: ir.Operation, group_name: str) -> int:
     return renamed
 
 
-def module_layout(module) -> "collectives.SeqLayout | None":
+def module_layout(module) -> collectives.SeqLayout | None:
     """The sequence layout ``autosp-partition-attention`` chose (None: none recorded)."""
     attrs = as_operation(module).attributes
     if SP_LAYOUT_ATTR not in attrs:

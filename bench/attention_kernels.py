@@ -27,9 +27,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from results import append_section  # noqa: E402
+
 from autosp.planning.memory import SavedTensors  # noqa: E402
 from autosp.runtime import attention  # noqa: E402
-from results import append_section  # noqa: E402
 
 MiB = 1 << 20
 

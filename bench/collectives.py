@@ -47,8 +47,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 MODELS = {  # name -> LlamaConfig kwargs (PEERS.md's model, and the same with GQA)
     "Llama-like, 8 heads / 8 KV": dict(vocab=1024, hidden=256, layers=4, heads=8, ffn=768),
@@ -152,8 +153,9 @@ def _body(rank, world, queue, cfg, seq, checkpointing, bucket_bytes):
 
 
 def _fsdp_body(rank, world, queue, cfg, seq, checkpointing):
-    import autosp
     from torch.distributed.fsdp import fully_shard
+
+    import autosp
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
@@ -211,8 +213,8 @@ STRATEGY_MODELS = {  # name -> LlamaConfig kwargs
 
 def _strategy_body(rank, world, queue, cfg, seq, options):
     import autosp
-    from autosp.runtime import ring
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.runtime import ring
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**cfg))
     ids = torch.randint(0, cfg["vocab"], (1, seq))

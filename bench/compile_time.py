@@ -26,9 +26,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from results import append_section  # noqa: E402
+
 from autosp.driver import build_program  # noqa: E402
 from autosp.models import LlamaConfig, LlamaLike  # noqa: E402
-from results import append_section  # noqa: E402
 
 
 def _model(layers: int) -> LlamaLike:

@@ -23,8 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 CONFIG = dict(vocab=8192, hidden=128, layers=4, heads=4, kv_heads=2)
 MiB = 1 << 20
@@ -40,10 +41,11 @@ def _local_bytes(tensors) -> int:
 
 def measure(rank, world, queue, seq, mode):
     """One rank: model state bytes and the step's allocator peak (the smaller of two steps)."""
-    import autosp
     from torch.distributed.fsdp import fully_shard
-    from autosp.planning.memory import measure_step
+
+    import autosp
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.memory import measure_step
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
     for block in model.blocks:
@@ -68,8 +70,8 @@ def measure(rank, world, queue, seq, mode):
 
 
 def estimate(world: int, seq: int, mode: str) -> dict:
-    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
+    from autosp.planning.estimate import estimate_memory
     est = estimate_memory(LlamaConfig(**CONFIG), seq, sp_size=world, dtype=torch.float32, checkpointing=mode,
                           fsdp=world)
     n = world

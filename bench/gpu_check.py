@@ -181,6 +181,7 @@ def ring_kernel_parity(device) -> tuple[list[str], bool]:
     """The ring attention kernel's device path (one ring rank: no sends) against SDPA with
     the dense mask: zigzag pieces, GQA, causal / window / documents, forward and backward."""
     import torch.nn.functional as F
+
     from autosp.runtime import ring
     torch.manual_seed(0)
     b, hq, hkv, s, d = 2, 4, 2, 96, 32

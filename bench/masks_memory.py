@@ -30,8 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 CALLS = ("position_ids + attention_mask all ones", "position_ids + right padding", "packed documents (position_ids)",
          "sliding window 256 (Mistral)", "GPT-2 eager + right padding")

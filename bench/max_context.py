@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.driver import CHECKPOINTING  # noqa: E402
-from autosp.planning.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 from results import append_section  # noqa: E402
 
+from autosp.driver import CHECKPOINTING  # noqa: E402
+from autosp.planning.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 
 MECHANISMS = ("full recompute, 16 tiles, tiled loss", "+ offload of every layer's input")
 SETUPS = (("8 x 80 GiB", 8, 80, "adamw", 1 << 19), ("1 x 141 GiB", 1, 141, "host-adamw", 1 << 17))

@@ -23,8 +23,8 @@ from autosp.testing.distributed import run_ranks
 
 def _measure(rank, world, queue, seq, repeat):
     import autosp
-    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.memory import measure_step
     torch.manual_seed(0)
     base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
     ids = torch.randint(0, 8192, (1, seq))
@@ -102,9 +102,9 @@ def plan_8b(seq: int, sp: int, budget: str, optimizer: str) -> None:
     """Print the plan ``memory_budget`` chooses for Llama-3-8B (random weights on meta,
     bf16) at ``seq`` tokens over ``sp`` GPUs with FSDP2 over the same ranks, planned as on
     CUDA (offload is a rung)."""
-    from autosp.units import parse_bytes
     from autosp.planning.estimate import meta_model
     from autosp.planning.planner import plan_memory
+    from autosp.units import parse_bytes
     model = meta_model("8b", torch.bfloat16)
     ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
     t0 = time.perf_counter()

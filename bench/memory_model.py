@@ -18,8 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 CONFIG = dict(vocab=1024, hidden=256, layers=4, heads=8, ffn=768)
 MODES = ("off", "sac", "full")
@@ -27,8 +28,8 @@ MODES = ("off", "sac", "full")
 
 def _body(rank, world, queue, seq):
     import autosp
-    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.memory import measure_step
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(**CONFIG))
     ids = torch.randint(0, CONFIG["vocab"], (1, seq))
@@ -46,8 +47,8 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    from autosp.planning.estimate import MemoryModel
     from autosp.models import LlamaConfig
+    from autosp.planning.estimate import MemoryModel
     rows = ["| S | checkpointing | saved MiB measured | estimated | error | peak MiB measured | estimated | error |",
             "|---|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)

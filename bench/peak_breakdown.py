@@ -67,10 +67,10 @@ class BlameTracker(PeakTracker):
 
 
 def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top):
+    import autosp.planning.estimate as estimate
+    from autosp.models import LLAMA_PRESETS, LlamaConfig
     from autosp.planning.estimate import GiB, MemoryModel
     from autosp.planning.plan import MemoryPlan
-    from autosp.models import LLAMA_PRESETS, LlamaConfig
-    import autosp.planning.estimate as estimate
     config = LlamaConfig(**{**LLAMA_PRESETS["8b"], "layers": layers})
     plan = MemoryPlan(layers=(plan_mode,) * layers, tiles=tiles, loss_chunk=loss_chunk, drop_logits=True)
     model = MemoryModel(config, sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan, optimizer=optimizer,

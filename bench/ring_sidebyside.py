@@ -30,8 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import peers  # noqa: E402
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 MODEL = dict(hidden=256, layers=4, heads=8, kv_heads=4, ffn=768, vocab=1024)
 SYSTEMS = ["autosp:ulysses", "autosp:hybrid", "autosp:ring", "ring_hand", "ulysses_yunchang"]
@@ -51,9 +52,10 @@ def _count_hand_ring():
 
 
 def _autosp(model, ids, steps, warmup, strategy):
+    from collectives import CollectiveCounter
+
     import autosp
     from autosp.runtime import ring
-    from collectives import CollectiveCounter
     options = dict(sp_strategy=strategy) if strategy != "hybrid" else dict(sp_strategy="hybrid", ulysses_degree=2)
     compiled = autosp.compile(model, **options)
 

@@ -27,8 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import peers  # noqa: E402
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 PRESETS = {
     # PEERS.md's model: Llama-like, hidden 256, 4 layers, 8 heads, SwiGLU 768, vocab 1024.
@@ -91,13 +92,14 @@ def _fingerprint_body(rank, world, queue, cfg, seq, steps, warmup, seed):
     """One model compiled twice, with the per-call input check and without
     (``check_inputs=False``), stepped in alternation (ABBA) so both see the same machine;
     then the check alone, timed over 50 calls."""
-    import time
     import statistics
+    import time
+
+    from torch.utils import _pytree as pytree
 
     import autosp
     from autosp.frontend.importer import input_paths
     from autosp.inputs import check_inputs_agree
-    from torch.utils import _pytree as pytree
     torch.manual_seed(seed)
     model = peers.build_llama(seed, **cfg)
     ids = torch.randint(0, cfg["vocab"], (1, seq))

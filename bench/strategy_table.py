@@ -19,8 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autosp.planning.strategy import Hardware, choose  # noqa: E402
 from results import append_section  # noqa: E402
+
+from autosp.planning.strategy import Hardware, choose  # noqa: E402
 
 MODELS = {  # name -> (query heads, KV heads, head dim, layers)
     "Llama-3-8B": (32, 8, 128, 32),

@@ -213,8 +213,12 @@ def load_checkpoint(path: str, model, opt, load_optimizer: bool = True) -> tuple
     world); returns (step, seed). ``load_optimizer=False`` leaves ``opt`` fresh (the tests'
     negative control)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
     progress = {"step": torch.tensor(0), "seed": torch.tensor(0)}
     if load_optimizer:
         model_sd, optim_sd = get_state_dict(model, opt)

@@ -41,7 +41,7 @@ def _find(names, extra_globs=()):
 
 
 def _quote(path):
-    return '"%s"' % path if " " in path else path
+    return f'"{path}"' if " " in path else path
 
 
 autosp_opt = _find(["autosp-opt"])
@@ -60,10 +60,10 @@ if no_llvm or llvm_filecheck is None:
 else:
     filecheck = llvm_filecheck
 not_tool = None if no_llvm else _find(["not"], ["/usr/lib/llvm-*/bin/not"])
-not_cmd = _quote(not_tool) if not_tool else "%s %s" % (_quote(sys.executable),
+not_cmd = _quote(not_tool) if not_tool else "{} {}".format(_quote(sys.executable),
                                                        _quote(os.path.join(config.test_source_root, "not.py")))
 
-lit_config.note("autosp-opt: %s; FileCheck: %s; not: %s" % (autosp_opt, filecheck, not_cmd))
+lit_config.note(f"autosp-opt: {autosp_opt}; FileCheck: {filecheck}; not: {not_cmd}")
 config.substitutions.append(("%python", _quote(sys.executable)))
 config.substitutions.append((r"\bautosp-opt\b", _quote(autosp_opt)))
 config.substitutions.append((r"\bFileCheck\b", _quote(filecheck) + " --enable-var-scope"))

@@ -5,7 +5,6 @@ test ``lit_tests/<name without "autosp-", dashes as underscores>.mlir``.
 """
 from __future__ import annotations
 
-from autosp.ir.pass_base import ModulePass
 from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
@@ -18,6 +17,8 @@ from autosp.passes.shard_sequence import ShardSequence
 from autosp.passes.sp_pipeline import SequenceParallelPipeline
 from autosp.passes.tile_loss import TileLoss
 from autosp.passes.tile_tokens import TileTokens
+
+from autosp.ir.pass_base import ModulePass
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p

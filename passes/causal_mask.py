@@ -54,8 +54,28 @@ from torch_mlir import ir
 from autosp.ir import builders as b
 from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEPT_MASK_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR, EmptyRows
 from autosp.ir.core import body_ops, const_bool, const_float, is_none, main_func, op_name
-from autosp.ir.mask_algebra import (And, BoolTensor, Data, DataVar, Eq, FloatTensor, Formula, Ge, Lin, Not, NotProven,
-                                    eq, f_not, f_or, f_subst, format_formula, formula_data, lins, map_lins, restrict)
+from autosp.ir.mask_algebra import (
+    And,
+    BoolTensor,
+    Data,
+    DataVar,
+    Eq,
+    FloatTensor,
+    Formula,
+    Ge,
+    Lin,
+    Not,
+    NotProven,
+    eq,
+    f_not,
+    f_or,
+    f_subst,
+    format_formula,
+    formula_data,
+    lins,
+    map_lins,
+    restrict,
+)
 from autosp.ir.mask_interp import MaskInterpreter, tensor_kind
 from autosp.ir.ops import SDPA_OP
 from autosp.ir.pass_base import ModulePass

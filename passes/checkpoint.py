@@ -42,10 +42,17 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir.builders import i64, vtensor_shape
+from autosp.ir.contract import (
+    OFFLOAD_ATTR,
+    REGION_ATTR,
+    REPLAY_ATTR,
+    RING_ATTENTION,
+    SAVE_ATTR,
+    SEGMENT_ATTR,
+    VOCAB_LOGPROB,
+)
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.contract import (OFFLOAD_ATTR, REGION_ATTR, REPLAY_ATTR, RING_ATTENTION, SAVE_ATTR, SEGMENT_ATTR,
-                                VOCAB_LOGPROB)
 from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 

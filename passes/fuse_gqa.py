@@ -33,12 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autosp.passes.dce import eliminate_dead_code
 from torch_mlir import ir
 
 from autosp.ir import ops
 from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims
 from autosp.ir.pass_base import ModulePass
-from autosp.passes.dce import eliminate_dead_code
 
 HEADS = 1  # of SDPA's [B, H, S, D] operands
 

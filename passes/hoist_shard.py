@@ -44,14 +44,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autosp.passes.dce import eliminate_dead_code
 from torch_mlir import ir
 
-from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims, users
 from autosp.ir.contract import SHARD
+from autosp.ir.core import const_int, funcs, op_name, producer, tensor_dims, users
 from autosp.ir.ops import BIND_SHAPE
 from autosp.ir.pass_base import ModulePass
-from autosp.passes.dce import eliminate_dead_code
-
 
 ELEMENTWISE = frozenset(f"torch.aten.{n}" for n in (
     "cos", "sin", "tan", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "sigmoid",

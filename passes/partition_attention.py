@@ -31,18 +31,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autosp.passes.fuse_gqa import repeated_heads
 from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.contract import (ALL_TO_ALL, DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, RING_ATTENTION,
-                                SP_CHOICE_ATTR, SP_LAYOUT_ATTR, WINDOW_ATTR, AttentionKind)
+from autosp.ir.contract import (
+    ALL_TO_ALL,
+    DOCUMENTS_ATTR,
+    EMPTY_ROWS_ATTR,
+    KEY_PADDING_ATTR,
+    RING_ATTENTION,
+    SP_CHOICE_ATTR,
+    SP_LAYOUT_ATTR,
+    WINDOW_ATTR,
+    AttentionKind,
+)
 from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer, users
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
-from autosp.passes.fuse_gqa import repeated_heads
-from autosp.planning.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
+from autosp.planning.strategy import Candidate, Choice, StrategyError, choose
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ def ring_blocker(op, kind: str) -> str | None:
     return None
 
 
-def choose_mesh(module, info: SequenceInfo, options: "PartitionAttention"):
+def choose_mesh(module, info: SequenceInfo, options: PartitionAttention):
     """The Ulysses x ring mesh for every attention op (one layout for the module):
     :func:`autosp.planning.strategy.choose` on the first op's heads, limited to meshes every op
     can run. A forced strategy no op can run is diagnosed at that op."""
@@ -219,8 +228,11 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
             if found is None or not _is_bhsd(found[0], info):
                 return None
             source, reps = found
-            src_shape = b.vtensor_shape(source.type)[0]
-            if src_shape[HEAD_DIM] % sp_size or repeat != 1:
+            src = b.vtensor_shape(source.type)
+            assert src is not None  # a [B, H, S, D] value (_is_bhsd)
+            src_shape = src[0]
+            heads = src_shape[HEAD_DIM]
+            if heads is None or heads % sp_size or repeat != 1:
                 return None
             return source, src_shape, reps
 
@@ -421,8 +433,12 @@ def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_
     region_results = {r for op in region for r in op.results}
 
     def to_heads(x):
-        shape, dt = b.vtensor_shape(x.type)
-        local = [shape[0], shape[1] // sp_size, None, shape[3]]
+        found = b.vtensor_shape(x.type)
+        assert found is not None  # a [B, H, S, D] value
+        shape, dt = found
+        heads = shape[1]
+        assert heads is not None  # static heads (checked before the rewrite)
+        local = [shape[0], heads // sp_size, None, shape[3]]
         with ir.InsertionPoint.after(x.owner) if not isinstance(x.owner, ir.Block) else \
                 ir.InsertionPoint(block_ops[0]), softmax.location:
             y = b.autosp_op(ALL_TO_ALL, [x, seq_len], b.vtensor_type(local, dt), split_dim=HEAD_DIM,

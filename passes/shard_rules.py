@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 from torch_mlir import ir
 
@@ -74,7 +73,7 @@ class HeadSharded:
         return "head-sharded"
 
 
-Layout = Union[Replicated, SequenceSharded, HeadSharded]
+Layout = Replicated | SequenceSharded | HeadSharded
 REPLICATED, HEAD_SHARDED = Replicated(), HeadSharded()
 
 

@@ -15,18 +15,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from autosp.passes.shard_rules import (
+    HEAD_SHARDED,
+    REPLICATED,
+    Action,
+    Decision,
+    Layout,
+    Rules,
+    SequenceSharded,
+    Window,
+    is_tensor,
+    list_items,
+    op_class,
+)
 from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir import ops
-from autosp.ir.contract import (ALL_GATHER, ALL_REDUCE, ATTENTION_ATTR, LOCAL_LEN, PARAMETER_ATTR,
-                                REWINDOW, SEQ_ATTR, SHARD)
+from autosp.ir.contract import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ATTENTION_ATTR,
+    LOCAL_LEN,
+    PARAMETER_ATTR,
+    REWINDOW,
+    SEQ_ATTR,
+    SHARD,
+)
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import Linear, SequenceInfo, analyze_sequence, sequence_length_value
-from autosp.passes.shard_rules import (HEAD_SHARDED, REPLICATED, Action, Decision, Layout, Rules, SequenceSharded,
-                                      Window, is_tensor, list_items, op_class)
 
 
 @dataclass(frozen=True)

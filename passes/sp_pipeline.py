@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autosp.ir.pass_base import ModulePass, PassOptionError
 from autosp.passes.annotate_sequence import AnnotateSequence
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.dce import DeadCodeElimination
@@ -18,6 +17,8 @@ from autosp.passes.fuse_gqa import FuseGqa
 from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
 from autosp.passes.shard_sequence import ShardSequence
+
+from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
 @dataclass(frozen=True)

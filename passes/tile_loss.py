@@ -46,8 +46,8 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_float, const_int, is_none, main_func, op_name, producer, users
 from autosp.ir.contract import DROPPED_ATTR, REWINDOW, SHARD, VOCAB_LOGPROB
+from autosp.ir.core import body_ops, const_float, const_int, is_none, main_func, op_name, producer, users
 from autosp.ir.ops import LIST_CONSTRUCT
 from autosp.ir.pass_base import ModulePass
 

@@ -55,9 +55,19 @@ from typing import ClassVar
 from torch_mlir import ir
 
 from autosp.ir import builders as b
+from autosp.ir.contract import (
+    ALL_GATHER,
+    ALL_TO_ALL,
+    LOCAL_LEN,
+    OFFLOAD_ATTR,
+    REGION_ATTR,
+    RING_ATTENTION,
+    SEGMENT_ATTR,
+    SHARD,
+    TILE_ATTR,
+    TILES_ATTR,
+)
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
-from autosp.ir.contract import (ALL_GATHER, ALL_TO_ALL, LOCAL_LEN, OFFLOAD_ATTR, REGION_ATTR, RING_ATTENTION,
-                                SEGMENT_ATTR, SHARD, TILE_ATTR, TILES_ATTR)
 from autosp.ir.ops import LIST_CONSTRUCT, SDPA_OP
 from autosp.ir.pass_base import ModulePass, PassOptionError
 

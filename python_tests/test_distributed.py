@@ -25,6 +25,7 @@ def _pid(rank, world, queue):
 
 def _patch_collectives(rank, world, queue):
     from autosp.passes import PASSES
+
     from autosp.runtime import collectives
     collectives.all_reduce = None  # what a negative control's sabotage does
     PASSES["autosp-leak"] = object  # a module-level registry filled by a body
@@ -33,6 +34,7 @@ def _patch_collectives(rank, world, queue):
 
 def _collectives_intact(rank, world, queue):
     from autosp.passes import PASSES
+
     from autosp.runtime import collectives
     queue.put((rank, callable(collectives.all_reduce) and "autosp-leak" not in PASSES))
 

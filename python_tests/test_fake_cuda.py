@@ -153,8 +153,8 @@ def test_a_shard_length_equal_to_a_model_dim_is_left_out_not_flagged():
     # S / 4 = 64 = hidden: [S/P, hidden] activations would look like two sequence dims.
     step = cuda_step(_llama(), 256, sp_size=4, call="plain", ranks=[3])[0]
     assert 64 in step.ambiguous and step.check()
-    from autosp.planning.fake_cuda import clear_length, model_dims
     from autosp.planning.estimate import meta_model
+    from autosp.planning.fake_cuda import clear_length, model_dims
     dims = model_dims(meta_model(_llama(), torch.bfloat16))
     n = clear_length(256, 4, dims)
     assert n > 256 and not sequence_sizes(n, 4) & dims

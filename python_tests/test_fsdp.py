@@ -29,6 +29,7 @@ TOL = 1e-5
 def _sharded_llama(seed):
     """(model sharded with the FSDP2 recipe, an unsharded single-device copy)."""
     from torch.distributed.fsdp import fully_shard
+
     from autosp.models import LlamaConfig, LlamaLike
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=3, heads=4, kv_heads=2))
@@ -40,8 +41,9 @@ def _sharded_llama(seed):
 
 
 def _body(rank, world, queue, seed):
-    import autosp
     from torch.distributed.tensor import DTensor
+
+    import autosp
     from autosp.runtime import fsdp
     from autosp.testing.parity import relative_error
     model, reference = _sharded_llama(seed)

@@ -1,7 +1,7 @@
 """The mask algebra (autosp/ir/mask_algebra.py) and the one reader of affine shape bindings."""
 from torch_mlir import ir
 
-from autosp.ir.mask_algebra import (FALSE, TRUE, And, Ge, Lin, eq, f_and, f_not, f_or, format_formula, ge)
+from autosp.ir.mask_algebra import FALSE, TRUE, And, Ge, Lin, eq, f_and, f_not, f_or, format_formula, ge
 from autosp.ir.sequence import Linear, seq_expr_of_affine
 from autosp.ir.sizes import lin_of_affine
 

@@ -52,8 +52,9 @@ def _sdpa_masks(mlir: str) -> dict:
 
 
 def _body(rank, world, queue, family, window, seq, seed, force_fold, memory=False):
-    import autosp
     from autosp.passes import causal_mask
+
+    import autosp
     from autosp.testing.parity import parity
     if force_fold:  # negative control: the old sampled verdict (causal) for every mask
         causal_mask.prove_causal = lambda sdpa: causal_mask.MaskProof(True, "forced by the test")

@@ -92,8 +92,8 @@ def _measure_body(rank, world, queue, seed):
 
 
 def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
-    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
+    from autosp.planning.estimate import estimate_memory
     measured = run_ranks(_measure_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac", "full"):
         est = estimate_memory(LlamaConfig(**CONFIG), SEQ, sp_size=2, dtype=torch.float32, checkpointing=mode)
@@ -120,8 +120,8 @@ def test_memory_model_matches_two_ranks_within_10_percent(_fresh_seed):
 
 
 def test_max_context_is_the_longest_that_fits():
-    from autosp.planning.estimate import MemoryModel, max_context
     from autosp.models import LlamaConfig
+    from autosp.planning.estimate import MemoryModel, max_context
     cfg = LlamaConfig(**CONFIG)
     model = MemoryModel(cfg, sp_size=4, dtype=torch.bfloat16, checkpointing="sac")
     at_8k = model.estimate(8192)
@@ -160,8 +160,9 @@ def test_memory_model_of_trainer_calls_keeps_no_s_by_s_mask():
     below half the [S, S] boolean mask alone; with the recognition disabled (the control)
     the mask is kept and the bytes grow quadratically."""
     transformers = pytest.importorskip("transformers")
-    from autosp.planning.estimate import MemoryModel
     from autosp.passes import causal_mask
+
+    from autosp.planning.estimate import MemoryModel
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 16,

@@ -106,8 +106,8 @@ def test_a_dropped_loss_chunk_breaks_parity(_fresh_seed):
 
 def _budget(rank, world, queue, seq):
     import autosp
-    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.memory import measure_step
     from autosp.testing.parity import relative_error
     torch.manual_seed(0)
     base = LlamaLike(LlamaConfig(vocab=8192, hidden=64, layers=2, heads=4, kv_heads=2, ffn=172))
@@ -153,8 +153,8 @@ def test_memory_budget_holds_when_measured():
 
 def test_infeasible_budget_names_the_smallest_feasible_one():
     from autosp.ir.diagnostics import AutospError
-    from autosp.planning.planner import plan_memory
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.planning.planner import plan_memory
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 64))
     with pytest.raises(AutospError, match=r"below the smallest feasible budget [0-9.]+ (KiB|MiB)"):
@@ -162,8 +162,8 @@ def test_infeasible_budget_names_the_smallest_feasible_one():
 
 
 def test_plans_are_deterministic_and_climb_the_ladder():
-    from autosp.planning.planner import Planner
     from autosp.models import LLAMA_PRESETS, LlamaConfig, LlamaLike
+    from autosp.planning.planner import Planner
     model = LlamaLike(LlamaConfig(**LLAMA_PRESETS["tiny"]))
     ids = torch.randint(0, 256, (1, 256))
     planner = Planner(model, (ids,), {"labels": ids}, sp_size=2, drop_logits=True)
@@ -177,8 +177,8 @@ def test_plans_are_deterministic_and_climb_the_ladder():
 
 
 def test_memory_budget_strings():
-    from autosp.units import parse_bytes
     from autosp.ir.diagnostics import AutospError
+    from autosp.units import parse_bytes
     assert parse_bytes("70GiB") == 70 << 30 and parse_bytes("512 MiB") == 512 << 20 and parse_bytes(4096) == 4096
     with pytest.raises(AutospError, match="cannot read"):
         parse_bytes("lots")

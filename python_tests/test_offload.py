@@ -336,11 +336,11 @@ def test_offload_applies_to_the_chosen_layers_only():
     offloading nothing and offloading every layer. One compilation, each plan's memory
     passes run on a copy (as the planner does)."""
     from autosp.driver import Transformed, transform
-    from autosp.planning.estimate import MemoryModel, meta_model
+    from autosp.models import LlamaConfig
     from autosp.pipeline import run_pipeline
+    from autosp.planning.estimate import MemoryModel, meta_model
     from autosp.planning.plan import MemoryPlan
     from autosp.runtime import collectives
-    from autosp.models import LlamaConfig
     model = meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
     ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
     with collectives.simulate(1, 0):

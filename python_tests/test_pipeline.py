@@ -4,13 +4,20 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
+from autosp.passes import PASSES
 
 from autosp.ir.core import parse_module
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
-from autosp.passes import PASSES
-from autosp.pipeline import (PipelineError, PipelineOptions, PipelineSyntaxError, UpstreamPass, parse_pipeline,
-                             pipeline_text, run_pipeline)
+from autosp.pipeline import (
+    PipelineError,
+    PipelineOptions,
+    PipelineSyntaxError,
+    UpstreamPass,
+    parse_pipeline,
+    pipeline_text,
+    run_pipeline,
+)
 
 SRC = """
 func.func @main(%arg0: !torch.vtensor<[2,?],si64>, %arg1: !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32> {

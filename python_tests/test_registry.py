@@ -2,9 +2,9 @@
 from pathlib import Path
 
 import pytest
+from autosp.passes import PASSES, lit_file_name
 
 from autosp.ir.pass_base import ModulePass
-from autosp.passes import PASSES, lit_file_name
 
 LIT = Path(__file__).resolve().parents[1] / "lit_tests"
 

@@ -193,6 +193,7 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
 
 def _broken_ring_body(rank, world, queue, seed, mode):
     import torch.nn.functional as F
+
     from autosp.backend import fx_emitter
     from autosp.runtime import ring
     original, entry = ring.ring_attention, fx_emitter._AUTOSP_OPS["autosp.ring_attention"]
@@ -232,8 +233,8 @@ MEMORY_SEQ = 2048
 
 def _ring_memory_body(rank, world, queue, seed):
     import autosp
-    from autosp.planning.memory import measure_step
     from autosp.models import LlamaConfig, LlamaLike
+    from autosp.planning.memory import measure_step
     torch.manual_seed(seed)
     model = LlamaLike(LlamaConfig(**MEMORY_CONFIG))
     ids = torch.randint(0, MEMORY_CONFIG["vocab"], (1, MEMORY_SEQ), generator=torch.Generator().manual_seed(seed))
@@ -250,8 +251,8 @@ def test_memory_model_simulates_the_ring(_fresh_seed):
     """``estimate_memory(sp_strategy="ring")`` (meta tensors, the ring's sub-group simulated
     from the chosen layout) is within 10% of what two ring ranks measure; an estimate of
     one device is not (the comparison can fail)."""
-    from autosp.planning.estimate import estimate_memory
     from autosp.models import LlamaConfig
+    from autosp.planning.estimate import estimate_memory
     measured = run_ranks(_ring_memory_body, 2, args=(_fresh_seed % 10000,), timeout=600)
     for mode in ("off", "sac"):
         est = estimate_memory(LlamaConfig(**MEMORY_CONFIG), MEMORY_SEQ, sp_size=2, dtype=torch.float32,

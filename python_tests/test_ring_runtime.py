@@ -150,7 +150,7 @@ def _check(cases, results, world, seed):
                     failures.append(f"{name} rank {rank}: lying pieces matched the reference ({worst:.2e})")
                 continue
             if worst > TOL or not res["shapes"] or not res["finite"]:
-                failures.append(f"{name} rank {rank}: errors out/dq/dk/dv {['%.1e' % e for e in res['errs']]}")
+                failures.append(f"{name} rank {rank}: errors out/dq/dk/dv {[f'{e:.1e}' for e in res['errs']]}")
             fwd, total = _expected_stats(c, ring_rank, R)
             if res["fwd"] != fwd or res["total"] != total:
                 failures.append(f"{name} rank {rank}: STATS fwd {res['fwd']} total {res['total']}, "

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from battery import BATTERY
 
 import autosp
 from autosp.backend.fx_emitter import emit_graph_module
@@ -12,7 +13,6 @@ from autosp.backend.module import CompiledProgram
 from autosp.frontend import read_arguments
 from autosp.ir.core import parse_module
 from autosp.testing.parity import parity, relative_error
-from battery import BATTERY
 
 TOL = 1e-5
 

@@ -140,8 +140,10 @@ def _overlap_body(rank, world, queue, seed, in_graph, checkpointing="off"):
     its first use in the split graph); without (the negative control), only after its last op."""
     import copy
     import time
-    import autosp
+
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    import autosp
     from autosp.models import LlamaConfig, LlamaLike
     from autosp.testing.parity import parity
 
@@ -261,8 +263,9 @@ def test_recomputed_outputs_without_a_differentiable_source_are_not_differentiab
     tables, made from positions and a buffer, next to the hidden states) is marked
     non-differentiable, also through nested submodules: its consumers save nothing for
     its gradient. Negative control: the unmarked function makes it require grad."""
-    import autosp.backend.checkpointing as ckpt
     from torch.fx.passes.split_module import split_module
+
+    import autosp.backend.checkpointing as ckpt
 
     def f(x, pos, inv_freq):
         n = x.shape[1]

@@ -23,8 +23,8 @@ the parity entries run in one ``run_ranks`` call, one entry after another.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
@@ -178,9 +178,10 @@ def _parity_body(rank, world, queue, entries, seed):
     """Every entry on these two ranks: compiled at sp_size=2 and at sp_size=1, each against
     eager on the full sequence; then the negative control. Reports per entry, never raises
     (a failure of one entry must not hide the others)."""
+    from autosp.passes.shard_sequence import Rules
+
     import autosp
     from autosp.ir.diagnostics import AutospError
-    from autosp.passes.shard_sequence import Rules
     from autosp.testing.parity import parity
 
     ids, labels = _inputs(seed)

@@ -171,8 +171,9 @@ def test_torch_compile_after_sequence_parallelism(_fresh_seed):
 
 def _ddp_body(rank, world, queue, seed):
     """DDP on the data-parallel dimension of the mesh, autosp on the sequence dimension."""
-    import autosp
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import autosp
     from autosp.testing.parity import relative_error
     torch.manual_seed(seed)
     model, _ = _model("llama_gqa")

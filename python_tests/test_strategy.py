@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from autosp.runtime.collectives import SeqLayout
 from autosp.planning.strategy import StrategyError, choose, price
+from autosp.runtime.collectives import SeqLayout
 
 
 @pytest.mark.parametrize("layout", [SeqLayout(4), SeqLayout(1, 4), SeqLayout(1, 2, True), SeqLayout(2, 2, True),

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import torch
-import train_verify  # python_tests/train_verify.py; it puts examples/ on sys.path for the rest
-
 import train  # noqa: E402  examples/train.py and its helpers
 import train_data  # noqa: E402
 import train_plan  # noqa: E402
 import train_state  # noqa: E402
+import train_verify  # python_tests/train_verify.py; it puts examples/ on sys.path for the rest
 from train_launch import UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,6 +253,7 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
     import argparse
 
     import pytest
+
     from autosp.planning.estimate import MemoryEstimate
     gib = 2**30
     est = MemoryEstimate(1024, 8, torch.float32, "sac", 0, 0, activation_peak_bytes=10 * gib,

@@ -204,10 +204,10 @@ class _RecomputeFunction(torch.autograd.Function):
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         del outputs  # recomputed outputs without a gradient (e.g. the logits) can go now
         wanted = [a for a, r in zip(args, ctx.requires) if r]
-        found = [None] * len(wanted)
+        found_grads: tuple = (None,) * len(wanted)
         if pairs and wanted:
-            found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-        found = iter(found)
+            found_grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        found = iter(found_grads)
         return (None, None, *[next(found) if r else None for r in ctx.requires])
 
 

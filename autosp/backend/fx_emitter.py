@@ -26,11 +26,11 @@ import torch.fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
+from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir import contract
-from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR
 from autosp.ir.ops import SDPA_OP
 from autosp.runtime import attention, collectives
 

@@ -16,8 +16,8 @@ the graph's ``unshard`` nodes (``unshard_groups``), their gradients reduce-scatt
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -59,7 +59,7 @@ class CompiledProgram:
         self._check_sharded(state)
         return [fsdp.gather(t, self.shard_scale) if fsdp.is_sharded(t) else t for t in state]
 
-    def _unsharder(self, state: list) -> tuple[list, "fsdp.Unsharder"]:
+    def _unsharder(self, state: list) -> tuple[list, fsdp.Unsharder]:
         """``state`` with each FSDP2 parameter's local shard, and the call's Unsharder
         (``unsharder_factory``'s, for the memory model's simulated one)."""
         groups = [[state[i] for i in g] for g in self.unshard_groups]

@@ -9,7 +9,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch_mlir import ir
 from torch_mlir.dialects import irdl

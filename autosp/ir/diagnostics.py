@@ -32,10 +32,10 @@ class Diagnostic:
     file: str | None = None
     line: int | None = None
     col: int | None = None
-    notes: list["Diagnostic"] = field(default_factory=list)
+    notes: list[Diagnostic] = field(default_factory=list)
 
     @classmethod
-    def from_location(cls, severity: str, loc, message: str) -> "Diagnostic":
+    def from_location(cls, severity: str, loc, message: str) -> Diagnostic:
         file, line, col = parse_location(loc)
         return cls(severity, message, file, line, col)
 
@@ -82,7 +82,7 @@ class DiagnosticError(AutospError):
         return "\n".join(lines)
 
     @classmethod
-    def at(cls, op, message: str) -> "DiagnosticError":
+    def at(cls, op, message: str) -> DiagnosticError:
         """An error located at ``op`` (an ``ir.Operation``/``OpView``) or an ``ir.Location``."""
         loc = op if isinstance(op, ir.Location) else op.location
         name = ""
@@ -91,7 +91,7 @@ class DiagnosticError(AutospError):
         return cls([Diagnostic.from_location("error", loc, name + message)])
 
     @classmethod
-    def from_mlir(cls, err: ir.MLIRError) -> "DiagnosticError":
+    def from_mlir(cls, err: ir.MLIRError) -> DiagnosticError:
         diags = [_from_mlir(d) for d in err.error_diagnostics]
         if not diags:  # MLIR gave no detail: keep its own message
             diags = [Diagnostic("error", err.message)]

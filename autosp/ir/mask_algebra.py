@@ -33,8 +33,8 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 
 class NotProven(Exception):
@@ -52,7 +52,7 @@ class DataVar:
     idx: tuple
 
 
-Var = Union[int, str, DataVar]
+Var = int | str | DataVar
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class Or:
     word = "or"
 
 
-Formula = Union[Const, Ge, Eq, Data, Not, And, Or]
+Formula = Const | Ge | Eq | Data | Not | And | Or
 TRUE, FALSE = Const(True), Const(False)
 
 

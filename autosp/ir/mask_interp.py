@@ -27,16 +27,42 @@ Example::
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch_mlir import ir
 
 from autosp.ir import builders as b
 from autosp.ir.core import is_none, op_name
-from autosp.ir.mask_algebra import (COMPARE, FALSE, TENSORS, TRUE, BoolTensor, Const, Data, DataVar, FloatTensor,
-                                    IntTensor, Lin, NotProven, Opaque, PiecewiseInt, as_float, f_and, f_not, f_or,
-                                    fadd, fcompare, float_pieces, fmul, ge, eq, int_pieces, make_int, remap)
+from autosp.ir.mask_algebra import (
+    COMPARE,
+    FALSE,
+    TENSORS,
+    TRUE,
+    BoolTensor,
+    Const,
+    Data,
+    DataVar,
+    FloatTensor,
+    IntTensor,
+    Lin,
+    NotProven,
+    Opaque,
+    PiecewiseInt,
+    as_float,
+    eq,
+    f_and,
+    f_not,
+    f_or,
+    fadd,
+    fcompare,
+    float_pieces,
+    fmul,
+    ge,
+    int_pieces,
+    make_int,
+    remap,
+)
 from autosp.ir.sizes import dim_sizes
 
 _LOGIC = {"bitwise_and": f_and, "logical_and": f_and, "bitwise_or": f_or, "logical_or": f_or,

@@ -105,7 +105,7 @@ def is_inplace(name: str) -> bool:
     return name.startswith("torch.aten.") and name.split(".")[2].endswith("_")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def argument_names(name: str) -> tuple[str, ...]:
     """The argument names of the aten op ``name``, in operand order, from its schema
     (``torch.ops.aten.<op>.<overload>._schema``); empty for ops PyTorch does not know.
@@ -119,7 +119,7 @@ def argument_names(name: str) -> tuple[str, ...]:
     return () if schema is None else tuple(arg.name for arg in schema.arguments)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dim_operands(name: str) -> tuple[tuple[int, str], ...]:
     """``(operand index, argument name)`` of the dims the aten op ``name`` works along: its
     schema's integer arguments named in :data:`DIM_ARGUMENT_NAMES` (``int``, ``int[]``,

@@ -55,7 +55,7 @@ class ModulePass:
         return out
 
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> "ModulePass":
+    def from_options(cls, options: dict[str, str]) -> ModulePass:
         """Build from ``{"sp-size": "4"}``; raise PassOptionError naming the bad option."""
         known = cls.options()
         kwargs = {}
@@ -79,7 +79,7 @@ class ModulePass:
     def pipeline_text(self) -> str:
         return self.name + self.option_string()
 
-    def expand(self) -> "list[ModulePass] | None":
+    def expand(self) -> list[ModulePass] | None:
         """The passes this pass stands for when it is a pipeline of passes, else None.
 
         The pipeline runner runs the expansion element by element, so IR dumps, timings

@@ -26,14 +26,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from torch_mlir import ir
 
-from autosp.ir import ops
 from autosp.ir import builders as b
-from autosp.ir.contract import ATTENTION_ATTR, SEQ_ATTR, SEQ_DIM_ATTR, AttentionKind
+from autosp.ir import ops
 from autosp.ir.builders import vtensor_shape
+from autosp.ir.contract import ATTENTION_ATTR, SEQ_ATTR, SEQ_DIM_ATTR, AttentionKind
 from autosp.ir.core import body_ops, const_bool, const_int, main_func, op_name, producer
 from autosp.ir.diagnostics import AutospError, DiagnosticError
 from autosp.ir.sizes import fold_affine
@@ -97,7 +96,7 @@ class NonLinear:
         return self.text
 
 
-SeqExpr = Union[Linear, NonLinear]
+SeqExpr = Linear | NonLinear
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch_mlir import ir
 

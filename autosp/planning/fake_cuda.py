@@ -132,7 +132,7 @@ class CudaStep:
     peak_bytes: int = 0
     activation_peak_bytes: int = 0
     saved_bytes: int = 0
-    estimate: "MemoryEstimate | None" = None
+    estimate: MemoryEstimate | None = None
 
     def kernels(self) -> dict:
         """Attention kernel calls by kernel name."""
@@ -157,7 +157,7 @@ class CudaStep:
                 out.append(f"a {w.kind} of {w.dtype} over {w.group}: NCCL has no such type")
         return out
 
-    def check(self) -> "CudaStep":
+    def check(self) -> CudaStep:
         """Raise AssertionError listing :meth:`problems`; return self when there are none."""
         found = self.problems()
         if found:

@@ -57,7 +57,7 @@ class SavedTensors:
             self.count += 1
         return t
 
-    def __enter__(self) -> "SavedTensors":
+    def __enter__(self) -> SavedTensors:
         self._hooks.__enter__()
         return self
 
@@ -160,7 +160,7 @@ class AllocatorPeak:
         self.peak_bytes = 0
         self.end_bytes = 0
 
-    def __enter__(self) -> "AllocatorPeak":
+    def __enter__(self) -> AllocatorPeak:
         from torch.profiler import ProfilerActivity, profile
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """One compilation's memory choices (see the module docstring). ``layers`` empty:
@@ -50,7 +51,7 @@ class MemoryPlan:
             passes += [f"autosp-tile-tokens{{tiles={self.tiles}}}", "autosp-dce"]
         return f"builtin.module({','.join(passes) or 'autosp-dce'})"
 
-    def with_layers(self, layers) -> "MemoryPlan":
+    def with_layers(self, layers) -> MemoryPlan:
         return replace(self, layers=tuple(layers))
 
     def describe(self) -> str:

@@ -39,10 +39,10 @@ from torch.utils import _pytree as pytree
 
 from autosp.driver import Transformed, transform
 from autosp.ir.builders import vtensor_shape
+from autosp.ir.contract import VOCAB_LOGPROB
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.passes.checkpoint import plan_checkpoints
-from autosp.ir.contract import VOCAB_LOGPROB
 from autosp.passes.tile_loss import tile_loss
 from autosp.pipeline import run_pipeline
 from autosp.planning.depth import TAIL, compose, repeated_layers, with_depth

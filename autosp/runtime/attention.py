@@ -202,6 +202,7 @@ def _key_padded_cuda(query, key, value, attn_mask, scale, window):
         if window is not None:
             return _sliding_window(query, key, value, attn_mask, 0.0, True, scale, False, window, cuda_fallback=True)
         return kernels.dense(query, key, value, causal=True, scale=scale, bias=_key_bias(attn_mask, query))
+    assert runs is not None  # (None fell back above)
     qp, kp, vp = kernels.pack(query), kernels.pack(key), kernels.pack(value)
     lengths = [z - a for a, z in runs]
     dev = query.device

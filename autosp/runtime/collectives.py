@@ -43,7 +43,7 @@ import torch.distributed as dist
 from autosp.ir.contract import LayoutField
 
 _GROUPS: dict[str, object] = {}
-_LAYOUTS: dict[str, "SeqLayout"] = {}  # group name -> its sequence layout (default: even split)
+_LAYOUTS: dict[str, SeqLayout] = {}  # group name -> its sequence layout (default: even split)
 _SIMULATED: list = []  # [(size, rank, layout)] while simulate() is active
 
 
@@ -104,7 +104,7 @@ class SeqLayout:
             f" {LayoutField.ZIGZAG}" if self.zigzag else "")
 
     @classmethod
-    def parse(cls, text: str) -> "SeqLayout":
+    def parse(cls, text: str) -> SeqLayout:
         """The inverse of :meth:`describe`."""
         degrees: dict[str, int] = {LayoutField.ULYSSES: 1, LayoutField.RING: 1}
         zigzag = False
@@ -183,7 +183,7 @@ class observe:
     def __init__(self):
         self.records: list[WireRecord] = []
 
-    def __enter__(self) -> "observe":
+    def __enter__(self) -> observe:
         _OBSERVERS.append(self.records)
         return self
 
@@ -450,7 +450,8 @@ class _AllReduceLocalBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, reduce_op, group):
-        from torch.distributed._functional_collectives import all_reduce as _all_reduce, wait_tensor
+        from torch.distributed._functional_collectives import all_reduce as _all_reduce
+        from torch.distributed._functional_collectives import wait_tensor
         record("all_reduce", group, x.contiguous())
         if _SIMULATED:
             return x.clone()

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist

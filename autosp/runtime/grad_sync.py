@@ -131,7 +131,9 @@ def sync_point(*params):
     armed = [i for i, t in enumerate(tags) if t is not None]
     if not armed or not torch.is_grad_enabled():
         return tuple(params)
-    call, k = tags[armed[0]]
+    tag = tags[armed[0]]
+    assert tag is not None
+    call, k = tag
     moved = _Issue.apply(call, k, *[params[i] for i in armed])
     out = list(params)
     for i, t in zip(armed, moved):

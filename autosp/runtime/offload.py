@@ -51,7 +51,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef

@@ -350,7 +350,7 @@ class _Ring:
             ops.append(dist.P2POp(dist.irecv, recv, self.prev, self.pg, tag))
         return dist.batch_isend_irecv(ops) if ops else []
 
-    def pass_kv(self, kv, spec: "_Spec", t: int, tag: int):
+    def pass_kv(self, kv, spec: _Spec, t: int, tag: int):
         """Step ``t`` holds the block of ring rank ``r - t``: post its send to ``r + 1`` and
         the receive of the next one (except at the last step); ``(works, arriving)``."""
         if t == spec.ranks - 1:

@@ -103,13 +103,13 @@ class _VocabLogprob(torch.autograd.Function):
                 out = _chunk_logprob(hc, w, index.narrow(0, s, n), ctx.steps, ctx.softmax_dtype)
             wanted = [t for t, need in ((hc, need_h), (w, need_w)) if need]
             found = list(torch.autograd.grad(out, wanted, grad_out.narrow(0, s, n), allow_unused=True))
-            if need_h:
+            if grad_h is not None:
                 g = found.pop(0)
                 if g is None:
                     grad_h.narrow(0, s, n).zero_()
                 else:
                     grad_h.narrow(0, s, n).copy_(g)
-            if need_w and found[0] is not None:
+            if grad_w is not None and found[0] is not None:
                 grad_w.add_(found[0])
             del out, found  # this chunk's gradients go before the next chunk is recomputed
         return grad_h, grad_w, None, None, None, None

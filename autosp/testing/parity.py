@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils import _pytree as pytree
 
-
 ADAM_EPS = 1e-5
 """AdamW's epsilon in parity tests that train several steps: Llama's recipe's (1e-5). With
 torch's default (1e-8) the first step moves every parameter by ``lr * sign(g)``, also where

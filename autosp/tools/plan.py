@@ -69,8 +69,8 @@ def parse_tokens(text: str) -> int:
 
 
 def _bytes(text: str) -> int:
-    from autosp.units import parse_bytes
     from autosp.ir.diagnostics import AutospError
+    from autosp.units import parse_bytes
     try:
         return parse_bytes(text)
     except AutospError as e:
@@ -123,9 +123,9 @@ def plan(args) -> dict:
     import torch
 
     from autosp.driver import module_choice, module_layout, transform
+    from autosp.ir.diagnostics import AutospError
     from autosp.planning.estimate import MemoryModel, meta_model
     from autosp.planning.fake_cuda import clear_length, cuda_step, model_dims, trainer_call
-    from autosp.ir.diagnostics import AutospError
     from autosp.runtime import collectives
     start = time.perf_counter()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
