@@ -397,59 +397,24 @@ class AutospModule(torch.nn.Module):
 
 def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
             gather_outputs: bool = False, **options) -> AutospModule:
-    """Make ``model`` sequence-parallel over ``sp_size`` ranks (see docs/DESIGN.md §2).
+    """Make ``model`` sequence-parallel over ``sp_size`` ranks (default: the group's or the
+    world's size; a larger world is split into data-parallel replicas of ``sp_size`` ranks).
 
-    Call it on every rank of an initialised torch.distributed job; every rank then calls
-    the returned module with the same full-sequence inputs. The ranks of a group check that,
-    on every call and before any collective: a fingerprint of every tensor input's contents,
-    every size and non-tensor argument, and the train/eval mode, exchanged in one small
-    all-gather (:mod:`autosp.inputs`); a difference raises the same :class:`AutospError` on
-    every rank, naming the argument, the dimension or "contents" and each rank's value, and
-    the module stays usable. ``check_inputs=False`` skips the check on calls whose signature
-    already compiled, for callers that guarantee agreement (a mismatch then trains wrong, or
-    fails inside the collectives). The sequence must have at least ``MIN_SEQ_LEN`` (3)
-    positions. ``train()`` / ``eval()`` select separate programs (every submodule's
-    ``training`` flag is part of the program's key). A Hugging Face model whose
-    ``config.use_cache`` is set is called with ``use_cache=False`` (a key/value cache is for
-    generation); an explicit ``use_cache=True`` is an error. Inputs may be views (``tokens[:, 1:]``),
-    expanded tensors or int32 ids; they are passed on as dense tensors, and a view shares the
-    compilation of a dense tensor of the same shape. ``sp_size`` defaults to the size of
-    ``group`` (or the world; 1 without torch.distributed); a world larger than ``sp_size`` is
-    split into consecutive sequence-parallel groups (data-parallel replicas). ``seq_dim`` is
-    the inputs' sequence dimension. A scalar loss computed in the model is the global loss on
-    every rank; sequence-aligned outputs are this rank's shard, or the full tensor with
-    ``gather_outputs=True``.
+    Call it on every rank of an initialised torch.distributed job; every rank then calls the
+    returned module with the same full-sequence inputs (checked on every call before any
+    collective: a difference raises the same :class:`AutospError` on every rank). It
+    compiles at the first call of each input signature and train/eval mode. A scalar loss
+    computed in the model is the global loss on every rank, sequence-aligned outputs are
+    this rank's shard (``gather_outputs=True``: whole), and after ``backward()`` every
+    ``.grad`` is the single-device gradient. ``seq_dim`` is the inputs' sequence dimension.
 
-    Gradients: after ``backward()`` through a call of the returned module, every parameter's
-    ``.grad`` is the single-device gradient. The sum over the group belongs to that call: the
-    call passes the parameters through per-bucket identity functions (about
-    ``grad_bucket_bytes``, default 25 MiB, in reverse order of use) whose backward starts the
-    bucket's all-reduce as soon as backward completes it and adds only this call's summed
-    gradient to ``.grad``. So gradient accumulation over several backward calls is right,
-    ``torch.autograd.grad`` returns summed gradients, and the user's plain ``model(...)`` (or
-    a second compiled wrapper of it) is never synchronised by this one. Each compiled module
-    binds its collectives to its own process group under a name of its own
-    (``module.group_name``), so models compiled on different groups do not interfere.
-    Collectives use the process group's timeout.
-
-    Options: ``pipeline`` (a custom pass pipeline; every collective it inserts runs on this
-    module's group, whatever group its passes name), ``dump_dir`` (IR after every pass), ``verbose`` (compile
-    timings), ``backend`` (a ``torch.compile`` backend such as ``"inductor"`` for the emitted
-    module, compiled as one graph; the gradient all-reduces then start when the backward is
-    done), ``sync_data_parallel`` (default True: with a world larger than ``sp_size``,
-    autosp also averages gradients over the data-parallel replicas; pass False when wrapping
-    the module in ``DistributedDataParallel(module, process_group=module.mesh["dp"].get_group())``,
-    which then does it), ``grad_bucket_bytes``, ``checkpointing`` (``"off"``; ``"sac"``:
-    sequence-aware, keep attention and its
-    collectives, recompute the rest of each layer in backward; ``"sac-min"``: keep only
-    each layer's input and attention's output, recompute the rest including q/k/v and their
-    all-to-alls, never attention itself; ``"full"``: keep only each layer's input and
-    recompute the whole layer; see docs/user_guide.md). ``sp_size=1`` is an exact round trip.
+    The options (``memory_budget``, ``checkpointing``, ``sp_strategy``, ``backend``, ...) are
+    in the table of docs/user_guide.md, *Options*; the contract in docs/DESIGN.md §2.
 
     Example::
 
         dist.init_process_group("gloo")
-        model = autosp.compile(model)
+        model = autosp.compile(model, memory_budget="70GiB")
         loss = model(ids, labels=labels)["loss"]
         loss.backward()
     """
