@@ -273,7 +273,7 @@ def test_one_device_tiles_what_a_shard_tiles():
 
 
 def test_planner_from_shallow_copies_matches_the_whole_model(monkeypatch):
-    """The planner's estimate put together from shallow copies of an 8-layer Llama
+    """The planner's estimate put together from shallow copies of a 6-layer Llama
     (autosp.planning.depth) is within 2% of the whole model's (exact on these), for
     uniform and mixed plans, with tiles, offload and a simulated FSDP2, and both choose
     the same plan. The control: a composition that leaves out the runs' extra layers is
@@ -282,26 +282,25 @@ def test_planner_from_shallow_copies_matches_the_whole_model(monkeypatch):
     from autosp.planning.depth import shallow_plan
     from autosp.planning.plan import MemoryPlan
     from autosp.planning.planner import Planner
-    layers = 8
+    layers = 6
     with torch.device("meta"):
         model = LlamaLike(LlamaConfig(vocab=512, hidden=128, layers=layers, heads=4, kv_heads=2,
                                       ffn=512)).to(torch.bfloat16)
-    ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+    ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
     options = dict(sp_size=2, fsdp=2, offload=True, drop_logits=True)
     fast, whole = (Planner(model, (ids,), {"labels": ids}, whole=w, **options) for w in (False, True))
     assert fast.layers_path == "blocks" and whole.layers_path is None and fast.regions == whole.regions == layers
     plans = [MemoryPlan(layers=(c,) * layers, tiles=t, loss_chunk=256, drop_logits=True)
-             for c, t in (("keep", 1), ("sac", 4), ("full", 4), ("full+offload", 8))]
+             for c, t in (("keep", 1), ("sac", 4), ("full+offload", 8))]
     plans += [MemoryPlan(layers=(a,) * k + (b,) * (layers - k), tiles=4, loss_chunk=256, drop_logits=True)
-              for a, b, k in (("full+offload", "full", 1), ("full+offload", "full", 5), ("full+offload", "full", 7),
-                              ("sac-min", "sac", 6))]
+              for a, b, k in (("full+offload", "full", 1), ("full+offload", "full", 5))]
     errors = [abs(fast.predict(p).total_bytes / whole.predict(p).total_bytes - 1) for p in plans]
     assert max(errors) < 0.02, errors
-    budget = (whole.predict(plans[2]).total_bytes + whole.predict(plans[1]).total_bytes) // 2
+    budget = (whole.predict(plans[0]).total_bytes + whole.predict(plans[1]).total_bytes) // 2
     assert fast.plan(budget)[0] == whole.plan(budget)[0]
     monkeypatch.setattr("autosp.planning.planner.compose", lambda layers, peak: peak(shallow_plan(layers)[0]))
     fast._peaks.clear()
-    assert max(abs(fast.predict(p).total_bytes / whole.predict(p).total_bytes - 1) for p in plans) > 0.02
+    assert max(abs(fast.predict(p).peak_bytes / whole.predict(p).peak_bytes - 1) for p in plans) > 0.02
 
 
 def test_repeated_layers_says_why_a_model_is_estimated_whole():

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import torch
-import train  # noqa: E402  examples/train.py and its helpers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # examples/train.py and its helpers
+import train  # noqa: E402
 import train_data  # noqa: E402
 import train_plan  # noqa: E402
 import train_state  # noqa: E402
-import train_verify  # python_tests/train_verify.py; it puts examples/ on sys.path for the rest
+import train_verify  # noqa: E402  python_tests/train_verify.py
 from train_launch import UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autosp.runtime.collectives import SeqLayout
+from autosp.ir.layout import SeqLayout
 
 STRATEGIES = ("auto", "ulysses", "ring", "hybrid")
 
