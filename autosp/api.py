@@ -258,7 +258,7 @@ class AutospModule(torch.nn.Module):
         train/eval mode: :func:`autosp.inputs.check_inputs_agree` (one small all-gather,
         under the process group's timeout) names the first argument, dimension or
         contents that differ, with each rank's value."""
-        if self.sp_group is None or collectives._SIMULATED or not dist.is_initialized():
+        if self.sp_group is None or collectives.simulating() or not dist.is_initialized():
             return
         check_inputs_agree(leaves, spec, input_paths(spec, leaves), self.sp_group, modes=modes,
                            seq_dim=self.seq_dim)
@@ -275,7 +275,7 @@ class AutospModule(torch.nn.Module):
                              mesh=self._mesh())
 
         group = self.sp_group
-        if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        if group is None or collectives.simulating() or not dist.is_initialized() or dist.get_world_size(group) == 1:
             transformed = run()
         else:
             transformed = transform_once_per_group(run, group)
@@ -314,7 +314,7 @@ class AutospModule(torch.nn.Module):
                               f"({self.layout.describe()}); one module runs one mesh")
         self.layout = lay
         collectives.register_group(self.group_name, self.sp_group, layout=lay)
-        if lay.ring == 1 or collectives._SIMULATED or not dist.is_initialized():
+        if lay.ring == 1 or collectives.simulating() or not dist.is_initialized():
             return
         if lay not in self._mesh_groups:
             ranks = dist.get_process_group_ranks(self.sp_group)

@@ -216,7 +216,7 @@ def test_ring_matches_full_attention(world, _fresh_seed):
 
 def test_single_rank_without_process_group(_fresh_seed):
     """R == 1: no communication (no process group at all here), pieces in any order."""
-    assert collectives.group_size("ring_r1") == 1 or collectives._SIMULATED
+    assert collectives.group_size("ring_r1") == 1 or collectives.simulating()
     cases = [
         case("r1_permuted_gqa_kernel", 13, [[(5, 13), (0, 2), (2, 5)]], Hq=4, Hkv=2),
         case("r1_permuted_gqa_math", 13, [[(5, 13), (0, 2), (2, 5)]], Hq=4, Hkv=2, math=True),

@@ -329,7 +329,7 @@ class _Ring:
         self.ranks, self.group = spec.ranks, spec.group
         if not self.live:
             return
-        self.pg = collectives._group(spec.group)
+        self.pg = collectives.process_group(spec.group)
         self.next = dist.get_global_rank(self.pg, (spec.rank + 1) % spec.ranks)
         self.prev = dist.get_global_rank(self.pg, (spec.rank - 1) % spec.ranks)
         self.timeout = _timeout(self.pg) if device.type == "cpu" else None
@@ -537,7 +537,7 @@ def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, wind
     return _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
                  causal=bool(is_causal), window=window, docs=doc_ids,
                  scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
-                 simulated=bool(collectives._SIMULATED), kernel=_use_kernel(query))
+                 simulated=collectives.simulating(), kernel=_use_kernel(query))
 
 
 # ----------------------------------------------------------------------------- torch.compile
