@@ -39,6 +39,7 @@ from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
+from autosp.runtime.context import RuntimeContext
 from autosp.runtime.grad_sync import GradientSync
 from autosp.units import parse_bytes
 
@@ -104,8 +105,9 @@ class AutospModule(torch.nn.Module):
 
     Process groups and gradient synchronisation belong to this wrapper: its programs'
     collectives name a group unique to it (``group_name``, bound to its own
-    ``ProcessGroup``, ``sp_group``), so two compiled models on different groups never talk
-    over each other. ``grad_sync`` (a :class:`GradientSync` on the same group, or on the
+    ``ProcessGroup``, ``sp_group``, by its :class:`RuntimeContext` ``runtime``, which
+    unregisters the names when the wrapper is garbage-collected), so two compiled models on
+    different groups never talk over each other. ``grad_sync`` (a :class:`GradientSync` on the same group, or on the
     whole dp x sp mesh) is armed by each compiled call: a backward through the plain model,
     or through another wrapper of the same model, is not synchronised by this one, and
     each backward adds only its own call's summed gradient to ``.grad``.
@@ -161,6 +163,7 @@ class AutospModule(torch.nn.Module):
         # A name of its own: the IR names groups by string, and the runtime binds each name
         # to one process group, so a shared name would let a later module rebind an earlier one's.
         self.group_name = f"autosp{next(AutospModule._instances)}"
+        self.runtime = RuntimeContext(self.group_name)  # its names' entries go with this module
         self.sp_group = None
         self.grad_sync = None
         self.mesh = None
@@ -178,7 +181,7 @@ class AutospModule(torch.nn.Module):
         if self.sp_size > 1:
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             self.sp_group = sp_group if sp_group is not None else dist.group.WORLD
-            collectives.register_group(self.group_name, self.sp_group)
+            self.runtime.bind(self.sp_group)
             if self.mesh is None or not sync_data_parallel:
                 # Sum over the sequence-parallel ranks only (data parallelism, if any, is
                 # the caller's: e.g. DDP over self.mesh["dp"]).
@@ -266,7 +269,7 @@ class AutospModule(torch.nn.Module):
         train/eval mode: :func:`autosp.inputs.check_inputs_agree` (one small all-gather,
         under the process group's timeout) names the first argument, dimension or
         contents that differ, with each rank's value."""
-        if self.sp_group is None or collectives._SIMULATED or not dist.is_initialized():
+        if self.sp_group is None or collectives.simulating() or not dist.is_initialized():
             return
         check_inputs_agree(leaves, spec, input_paths(spec, leaves), self.sp_group, modes=modes,
                            seq_dim=self.seq_dim)
@@ -283,7 +286,7 @@ class AutospModule(torch.nn.Module):
                              mesh=self._mesh())
 
         group = self.sp_group
-        if group is None or collectives._SIMULATED or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        if group is None or collectives.simulating() or not dist.is_initialized() or dist.get_world_size(group) == 1:
             transformed = run()
         else:
             transformed = transform_once_per_group(run, group)
@@ -321,8 +324,8 @@ class AutospModule(torch.nn.Module):
             raise AutospError(f"this call's sequence layout ({lay.describe()}) differs from an earlier call's "
                               f"({self.layout.describe()}); one module runs one mesh")
         self.layout = lay
-        collectives.register_group(self.group_name, self.sp_group, layout=lay)
-        if lay.ring == 1 or collectives._SIMULATED or not dist.is_initialized():
+        self.runtime.bind(self.sp_group, layout=lay)
+        if lay.ring == 1 or collectives.simulating() or not dist.is_initialized():
             return
         if lay not in self._mesh_groups:
             ranks = dist.get_process_group_ranks(self.sp_group)
@@ -331,8 +334,8 @@ class AutospModule(torch.nn.Module):
             ring = dist.new_group(ranks[j::lay.ulysses], use_local_synchronization=True)
             self._mesh_groups[lay] = (ulysses, ring)
         ulysses, ring = self._mesh_groups[lay]
-        collectives.register_group(f"{self.group_name}:ulysses", ulysses)
-        collectives.register_group(f"{self.group_name}:ring", ring)
+        self.runtime.bind(ulysses, axis="ulysses")
+        self.runtime.bind(ring, axis="ring")
 
     def gather_sequence(self, x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
         """This rank's sequence shard of an output (``gather_outputs=False``) -> the whole

@@ -230,8 +230,9 @@ def _strategy_body(rank, world, queue, cfg, seq, options):
                 loss = compiled(ids, labels=ids)["loss"]
             else:
                 loss.backward()
-        counts.append((counter.calls.get("all_to_all", 0), counter.sent.get("all_to_all", 0), ring.STATS["sends"],
-                       ring.STATS["bytes"]))
+        sent = ring.stats()
+        counts.append((counter.calls.get("all_to_all", 0), counter.sent.get("all_to_all", 0), sent["sends"],
+                       sent["bytes"]))
     queue.put((rank, (compiled.layout.ulysses, compiled.layout.ring, counts)))
 
 

@@ -15,7 +15,7 @@ per rank, one system after the other in one process group:
 Per system: step time (forward, backward and gradient all-reduce: the median of
 ``--steps`` after ``--warmup``), the attention traffic one rank sends per step (the
 all-to-alls seen by :class:`collectives.CollectiveCounter`, the ring's sends counted by
-the ring itself), and the loss and gradients against single device. Ratios come from
+the ring itself, ``ring.stats()``), and the loss and gradients against single device. Ratios come from
 this one run.
 Appends the table to bench/RESULTS.md.
 """
@@ -76,7 +76,7 @@ def _autosp(model, ids, steps, warmup, strategy):
         loss.backward()
     compiled.grad_sync.enabled = True
     compiled.grad_sync.synchronize()
-    traffic = counter.sent.get("all_to_all", 0) + ring.STATS["bytes"]
+    traffic = counter.sent.get("all_to_all", 0) + ring.stats()["bytes"]
     return dict(name=f"autosp, {strategy} {compiled.layout.ulysses}x{compiled.layout.ring}", step_s=step_s,
                 first_step_s=first, loss=float(loss.detach()), bytes=traffic, grads=peers._grads(model))
 

@@ -101,9 +101,9 @@ def test_ring_with_packed_documents_is_not_yet_linear():
     cuda_step(_llama(), 4000, sp_size=8, call="packed", mesh={"strategy": "ring"}, ranks=[0])[0].check()
 
 
-def test_negative_control_ring_pairs_on_the_math_path(monkeypatch):
-    monkeypatch.setattr(ring, "FORCE_MATH", True)
-    step = cuda_step(_llama(), 4000, sp_size=8, call="plain", mesh={"strategy": "ring"}, ranks=[0])[0]
+def test_negative_control_ring_pairs_on_the_math_path():
+    with ring.force_math():
+        step = cuda_step(_llama(), 4000, sp_size=8, call="plain", mesh={"strategy": "ring"}, ranks=[0])[0]
     assert step.quadratic and not step.kernels(), (step.kernels(), step.problems())
 
 

@@ -6,7 +6,8 @@ per-case offset, printed on failure), takes its own rows
 own output rows. The ring backward hands each rank the gradient of the *total* loss for
 its own K/V rows, so each rank compares its output and its q/k/v gradients with the same
 rows of single-device ``F.scaled_dot_product_attention`` (float64, dense boolean mask,
-``enable_gqa``) over the full sequence, and its STATS with the analytical volume.
+``enable_gqa``) over the full sequence, and its traffic (``ring.stats()``) with the
+analytical volume.
 """
 from __future__ import annotations
 
@@ -91,13 +92,13 @@ def _run_case(c, rank: int, group: str, ring_rank: int):
         return t.requires_grad_()
 
     ql, kl, vl = local(q), local(k), local(v)
-    ring.FORCE_MATH = c["math"]
     ring.reset_stats()
-    out = ring.ring_attention(ql, kl, vl, pieces=c["pieces"], group=group, is_causal=c["causal"],
-                              doc_ids=docs, window=c["window"])
-    fwd = dict(ring.STATS)
+    with ring.force_math(c["math"]):
+        out = ring.ring_attention(ql, kl, vl, pieces=c["pieces"], group=group, is_causal=c["causal"],
+                                  doc_ids=docs, window=c["window"])
+    fwd = ring.stats()
     (out * w[:, :, idx]).sum().backward()
-    total = dict(ring.STATS)
+    total = ring.stats()
     errs = [(out.double() - ref[0][:, :, idx]).abs().max().item() if out.numel() else 0.0]
     for mine, full in ((ql, ref[1]), (kl, ref[2]), (vl, ref[3])):
         errs.append((mine.grad.double() - full[:, :, idx]).abs().max().item() if mine.numel() else 0.0)
@@ -106,22 +107,28 @@ def _run_case(c, rank: int, group: str, ring_rank: int):
 
 
 def _ring_body(rank, world, queue, cases):
+    registered = ["ring"]
     collectives.register_group("ring", None)
     results = {}
     subgroups = {}
-    for c in cases:
-        group, ring_rank = "ring", rank
-        if c["ring_ranks"] is not None:
-            key = str(c["ring_ranks"])
-            if key not in subgroups:  # every rank creates every subgroup, in the same order
-                made = [dist.new_group(ranks) for ranks in c["ring_ranks"]]
-                subgroups[key] = next((g, rs) for g, rs in zip(made, c["ring_ranks"]) if rank in rs)
-            pg, members = subgroups[key]
-            group = f"ring_sub{len(subgroups)}"
-            collectives.register_group(group, pg)
-            ring_rank = members.index(rank)
-            assert collectives.group_rank(group) == ring_rank
-        results[c["name"]] = (ring_rank, _run_case(c, rank, group, ring_rank))
+    try:
+        for c in cases:
+            group, ring_rank = "ring", rank
+            if c["ring_ranks"] is not None:
+                key = str(c["ring_ranks"])
+                if key not in subgroups:  # every rank creates every subgroup, in the same order
+                    made = [dist.new_group(ranks) for ranks in c["ring_ranks"]]
+                    subgroups[key] = next((g, rs) for g, rs in zip(made, c["ring_ranks"]) if rank in rs)
+                pg, members = subgroups[key]
+                group = f"ring_sub{len(subgroups)}"
+                collectives.register_group(group, pg)
+                registered.append(group)
+                ring_rank = members.index(rank)
+                assert collectives.group_rank(group) == ring_rank
+            results[c["name"]] = (ring_rank, _run_case(c, rank, group, ring_rank))
+    finally:  # pooled ranks run the next test in this process
+        for name in registered:
+            collectives.unregister_group(name)
     queue.put((rank, results))
 
 
@@ -153,7 +160,7 @@ def _check(cases, results, world, seed):
                 failures.append(f"{name} rank {rank}: errors out/dq/dk/dv {[f'{e:.1e}' for e in res['errs']]}")
             fwd, total = _expected_stats(c, ring_rank, R)
             if res["fwd"] != fwd or res["total"] != total:
-                failures.append(f"{name} rank {rank}: STATS fwd {res['fwd']} total {res['total']}, "
+                failures.append(f"{name} rank {rank}: stats fwd {res['fwd']} total {res['total']}, "
                                 f"expected {fwd} {total}")
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
     assert set(results) == set(range(world))
@@ -216,20 +223,17 @@ def test_ring_matches_full_attention(world, _fresh_seed):
 
 def test_single_rank_without_process_group(_fresh_seed):
     """R == 1: no communication (no process group at all here), pieces in any order."""
-    assert collectives.group_size("ring_r1") == 1 or collectives._SIMULATED
+    assert collectives.group_size("ring_r1") == 1 or collectives.simulating()
     cases = [
         case("r1_permuted_gqa_kernel", 13, [[(5, 13), (0, 2), (2, 5)]], Hq=4, Hkv=2),
         case("r1_permuted_gqa_math", 13, [[(5, 13), (0, 2), (2, 5)]], Hq=4, Hkv=2, math=True),
         case("r1_docs_window_kernel", 16, [[(0, 16)]], Hq=4, Hkv=1, window=4, docs=True, seed=3),
         case("r1_docs_full_math", 16, [[(8, 16), (0, 8)]], Hq=2, Hkv=1, causal=False, docs=True, math=True),
     ]
-    try:
-        for c in _seeded(cases, _fresh_seed):
-            res = _run_case(c, 0, "ring_r1", 0)
-            assert max(res["errs"]) <= TOL, (c["name"], _fresh_seed, res["errs"])
-            assert res["total"] == {"sends": 0, "bytes": 0}
-    finally:
-        ring.FORCE_MATH = False
+    for c in _seeded(cases, _fresh_seed):
+        res = _run_case(c, 0, "ring_r1", 0)
+        assert max(res["errs"]) <= TOL, (c["name"], _fresh_seed, res["errs"])
+        assert res["total"] == {"sends": 0, "bytes": 0}
 
 
 @pytest.mark.parametrize("math", [False, True])
@@ -244,12 +248,9 @@ def test_single_rank_float64(math):
     (ref * w).sum().backward()
     idx = _positions(perm)
     local = [t[:, :, idx].clone().requires_grad_() for t in (q, k, v)]
-    ring.FORCE_MATH = math
-    try:
+    with ring.force_math(math):
         out = ring.ring_attention(*local, pieces=[perm], group="ring_r1", is_causal=True)
         (out * w[:, :, idx]).sum().backward()
-    finally:
-        ring.FORCE_MATH = False
     assert out.dtype == torch.float64
     assert (out - ref[:, :, idx]).abs().max() < 1e-12
     for mine, full in zip(local, leaves):
@@ -261,9 +262,8 @@ def test_simulated_meta_shapes(math):
     """Under collectives.simulate on meta tensors: no communication, right shapes everywhere."""
     S, R, B, Hq, Hkv, D = 13, 4, 2, 4, 2, 8
     pieces = zigzag(S, R)
-    ring.FORCE_MATH = math
     ring.reset_stats()
-    try:
+    with ring.force_math(math):
         for rank in (0, 3):
             L = sum(b - a for a, b in pieces[rank])
             q = torch.empty(B, Hq, L, D, device="meta", requires_grad=True)
@@ -285,9 +285,7 @@ def test_simulated_meta_shapes(math):
             assert out.shape == (B, Hq, L, D) and out.device.type == "meta" and out.dtype == torch.float32
             assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
             assert k.grad.device.type == "meta"
-        assert ring.STATS == {"sends": 0, "bytes": 0}
-    finally:
-        ring.FORCE_MATH = False
+        assert ring.stats() == {"sends": 0, "bytes": 0}
 
 
 def test_bad_input_errors():

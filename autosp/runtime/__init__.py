@@ -8,7 +8,9 @@ from autosp.runtime.collectives import (
                                         reduce_scatter,
                                         register_group,
                                         shard,
+                                        unregister_group,
 )
+from autosp.runtime.context import RuntimeContext
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "group_rank", "group_size", "reduce_scatter",
-           "register_group", "shard"]
+__all__ = ["RuntimeContext", "all_gather", "all_reduce", "all_to_all", "group_rank", "group_size",
+           "reduce_scatter", "register_group", "shard", "unregister_group"]

@@ -7,6 +7,17 @@ different groups never resolve each other's; a name nobody registered (``"sp"`` 
 hand-written test) means the default group. On a group of one rank every function is an
 identity, which keeps ``sp_size=1`` an exact round trip.
 
+**Who owns a name.** A compiled module's names are bound by its
+:class:`autosp.runtime.context.RuntimeContext`, which removes them when the module is
+garbage-collected. A name registered here directly (tests, benchmarks) stays until
+:func:`unregister_group`.
+
+Example::
+
+    collectives.register_group("sp", pg)            # pg: a ProcessGroup (None: the default group)
+    y = collectives.all_to_all(x, 2, 1, 1, "sp", seq_len=S)
+    collectives.unregister_group("sp")
+
 **Sequence chunks.** A sequence of length S is split over P ranks evenly: rank r holds
 positions ``[r*S // P, (r+1)*S // P)``; lengths differ by at most one, so no length needs
 to be divisible by P and no token is dropped or padded (and the formula has no branch, so
@@ -42,9 +53,11 @@ import torch.distributed as dist
 
 from autosp.ir.layout import SeqLayout, chunk
 
-_GROUPS: dict[str, object] = {}
-_LAYOUTS: dict[str, SeqLayout] = {}  # group name -> its sequence layout (default: even split)
-_SIMULATED: list = []  # [(size, rank, layout)] while simulate() is active
+# The name tables. Plain dicts, read on every collective: torch.compile traces reads of a
+# dict (not of a WeakValueDictionary). Their entries are owned: see "Who owns a name".
+_GROUPS: dict[str, object] = {}        # group name -> process group (None: the default group)
+_LAYOUTS: dict[str, SeqLayout] = {}    # base group name -> its sequence layout (default: even split)
+_SIMULATED: list = []  # [(size, rank, layout)] while simulate() is active; see simulating()
 
 
 def _base(name: str) -> tuple[str, str]:
@@ -84,6 +97,18 @@ class simulate:
 
     def __exit__(self, *exc):
         _SIMULATED.pop()
+
+
+def simulating() -> bool:
+    """Whether a :class:`simulate` block is active (collectives then communicate nothing).
+
+    Example::
+
+        >>> with collectives.simulate(8):
+        ...     collectives.simulating()
+        True
+    """
+    return bool(_SIMULATED)
 
 
 # The observers' record lists, innermost last (a plain list, like _SIMULATED: torch.compile
@@ -144,13 +169,29 @@ class _SimulatedExchange(torch.autograd.Function):
 
 def register_group(name: str, group, layout: SeqLayout | None = None) -> None:
     """Bind a group name used in the IR (``group = "autosp0"``) to a process group (None:
-    the default group). ``AutospModule`` registers one unique name per module, and for a
-    mesh layout (ring attention) its sub-groups ``name:ulysses`` and ``name:ring`` too."""
+    the default group), and a plain name to its sequence ``layout`` (None: the even split).
+    ``AutospModule`` binds one unique name per module through its
+    :class:`~autosp.runtime.context.RuntimeContext`, and for a mesh layout (ring attention)
+    its sub-groups ``name:ulysses`` and ``name:ring`` too. A name registered directly stays
+    until :func:`unregister_group` (or until the context owning that name releases it)."""
     _GROUPS[name] = group
     if layout is not None:
         _LAYOUTS[name] = layout
     elif ":" not in name:
         _LAYOUTS.pop(name, None)
+
+
+def unregister_group(name: str) -> None:
+    """Forget ``name`` (and a plain name's layout): it means the default group again.
+    Nothing happens for a name that is not registered."""
+    _GROUPS.pop(name, None)
+    if ":" not in name:
+        _LAYOUTS.pop(name, None)
+
+
+def registered_groups() -> dict[str, object]:
+    """A copy of the names registered now, each with its process group (None: the default)."""
+    return dict(_GROUPS)
 
 
 def _simulated_index(name: str) -> tuple[int, int]:
@@ -169,7 +210,7 @@ def group_size(name: str) -> int:
         return _simulated_index(name)[0]
     if not (dist.is_available() and dist.is_initialized()):
         return 1
-    return dist.get_world_size(_group(name))
+    return dist.get_world_size(process_group(name))
 
 
 def group_rank(name: str) -> int:
@@ -178,10 +219,12 @@ def group_rank(name: str) -> int:
         return _simulated_index(name)[1]
     if not (dist.is_available() and dist.is_initialized()):
         return 0
-    return dist.get_rank(_group(name))
+    return dist.get_rank(process_group(name))
 
 
-def _group(name: str):
+def process_group(name: str):
+    """The process group ``name`` resolves to (an unregistered plain name: the default group);
+    RuntimeError for an unregistered sub-group (``"autosp0:ring"``)."""
     g = _GROUPS.get(name)
     if g is None and ":" in name and name not in _GROUPS:
         raise RuntimeError(f"autosp: sub-group {name!r} is not registered (the compiled module registers "
@@ -271,7 +314,7 @@ def restore_sequence_order(x: torch.Tensor, dim: int, group: str, seq_len: int |
 def _total_len(x: torch.Tensor, dim: int, group: str) -> int:
     n = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
     if group_size(group) > 1 and not _SIMULATED:
-        dist.all_reduce(n, group=_group(group))
+        dist.all_reduce(n, group=process_group(group))
     return int(n) if not _SIMULATED else x.shape[dim] * group_size(group)
 
 
@@ -360,9 +403,9 @@ def all_to_all(x: torch.Tensor, split_dim: int, concat_dim: int, seq_dim: int, g
     if _SIMULATED:
         received = _SimulatedExchange.apply(send, (sum(out_splits),), "all_to_all", group)
     elif torch.compiler.is_compiling():  # functional collectives: traceable by torch.compile
-        received = all_to_all_single_autograd(send, out_splits, in_splits, _group(group))
+        received = all_to_all_single_autograd(send, out_splits, in_splits, process_group(group))
     else:  # eager: the process group's own call, without the functional wrapper's overhead
-        received = _AllToAllSingle.apply(send, out_splits, in_splits, _group(group))
+        received = _AllToAllSingle.apply(send, out_splits, in_splits, process_group(group))
     pieces = torch.split(received, out_splits)
     return torch.cat([piece.view(s) for piece, s in zip(pieces, shapes)], dim=concat_dim)
 
@@ -378,7 +421,7 @@ class _AllReduceLocalBackward(torch.autograd.Function):
         record("all_reduce", group, x.contiguous())
         if _SIMULATED:
             return x.clone()
-        return wait_tensor(_all_reduce(x.contiguous(), reduce_op, _group(group)))
+        return wait_tensor(_all_reduce(x.contiguous(), reduce_op, process_group(group)))
 
     @staticmethod
     def backward(ctx, grad):
@@ -413,7 +456,7 @@ class _AllGatherLocalBackward(torch.autograd.Function):
         gathered = [torch.empty_like(padded) for _ in held]
         record("all_gather", group, padded.contiguous())
         if not _SIMULATED:
-            dist.all_gather(gathered, padded.contiguous(), group=_group(group))
+            dist.all_gather(gathered, padded.contiguous(), group=process_group(group))
         offsets = []  # where each rank's pieces start in its own tensor
         for pieces in held:
             o, starts = 0, []
@@ -459,4 +502,4 @@ def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> tor
         shape[dim % x.dim()] //= group_size(group)
         return _SimulatedExchange.apply(x, tuple(shape), "reduce_scatter", group)
     record("reduce_scatter", group, x.contiguous())
-    return reduce_scatter_tensor_autograd(x.contiguous(), reduce_op, dim % x.dim(), _group(group))
+    return reduce_scatter_tensor_autograd(x.contiguous(), reduce_op, dim % x.dim(), process_group(group))

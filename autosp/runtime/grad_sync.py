@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from autosp.runtime.collectives import _SIMULATED
+from autosp.runtime.collectives import simulating
 
 _TAG = "_autosp_grad_bucket"  # attribute on the tensors _Wait returns: (call, bucket index)
 
@@ -224,7 +224,7 @@ class GradientSync:
 
     def active(self) -> bool:
         """Whether a call made now would be synchronised."""
-        return (self.enabled and not _SIMULATED and torch.is_grad_enabled() and dist.is_available()
+        return (self.enabled and not simulating() and torch.is_grad_enabled() and dist.is_available()
                 and dist.is_initialized() and dist.get_world_size(self.group) > 1)
 
     def arm(self, state: list, buckets: list[list[int]], issue_here: bool = False) -> list:

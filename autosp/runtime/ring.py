@@ -49,8 +49,9 @@ and lse, which gives each block's exact share of the gradient. On CUDA (and on m
 (windows, documents) the memory-efficient kernel with the pair's mask broadcast over the
 heads; dtypes or head dims a kernel refuses fall to the next one (warned once). The last
 resort is a plain math path in the accumulation dtype (scores, masked log-sum-exp,
-softmax @ V; backward dS = P * (dP - rowsum(dO * O))), for fp64 on CUDA; ``FORCE_MATH =
-True`` selects it everywhere (tests).
+softmax @ V; backward dS = P * (dP - rowsum(dO * O))), for fp64 on CUDA; inside
+``with force_math():`` it runs everywhere (tests: the path a GPU takes for fp64, and
+negative controls).
 
 **Memory.** Saved for backward: q, k, v (local), the output and the lse: O(L), not O(S)
 (``doc_ids``, the caller's replicated tensor, is referenced, not copied). Transient: two
@@ -63,8 +64,8 @@ meta tensors) nothing is sent: each step allocates the buffer the receive would 
 filled (``new_empty``, contents undefined) and computes with it, so shapes, saved tensors
 and allocations are those of a real run.
 
-:data:`STATS` counts this process's ring sends and bytes sent (forward and backward);
-:func:`reset_stats` zeroes it.
+**Counters.** :func:`stats` reads this process's ring traffic since :func:`reset_stats`:
+sends posted and bytes sent, forward and backward (none under simulation).
 
 Example::
 
@@ -72,10 +73,15 @@ Example::
     >>> pieces = [[(0, 3), (8, 10)], [(3, 5), (5, 8)]]
     >>> out = ring_attention(q, k, v, pieces=pieces, group="autosp0", is_causal=True)
     >>> # q: [B, Hq, 5, D] on rank 0 (rows 0,1,2,8,9), k, v: [B, Hkv, 5, D]; out like q
+    >>> reset_stats(); out.sum().backward(); stats()
+    {'sends': 3, 'bytes': ...}
+    >>> with force_math():          # the plain math path instead of the fused kernels
+    ...     out = ring_attention(q, k, v, pieces=pieces, group="autosp0", is_causal=True)
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -84,20 +90,52 @@ import torch.distributed as dist
 
 from autosp.runtime import collectives, kernels
 
-STATS = {"sends": 0, "bytes": 0}
-"""This process's ring traffic: sends posted and bytes sent (forward and backward)."""
-
-FORCE_MATH = False
-"""Use the plain math path even where the fused CPU kernel is available (tests)."""
+_STATS = {"sends": 0, "bytes": 0}  # read with stats(), zeroed by reset_stats()
+_FORCE_MATH = [False]  # force_math()'s stack, innermost last
 
 _SKIP, _FULL, _DIAG, _MASK = "skip", "full", "diag", "mask"
 _TAG_KV, _TAG_BWD_KV, _TAG_DKV = 0, 1, 2
 
 
+def stats() -> dict[str, int]:
+    """This process's ring traffic since :func:`reset_stats` (or the start): ``{"sends":
+    sends posted, "bytes": bytes sent}``, forward and backward together. A copy.
+
+    Example::
+
+        >>> reset_stats(); ring_attention(q, k, v, pieces=pieces, group=g, is_causal=True); stats()
+        {'sends': 1, 'bytes': 4096}
+    """
+    return dict(_STATS)
+
+
 def reset_stats() -> None:
-    """Zero :data:`STATS`."""
-    STATS["sends"] = 0
-    STATS["bytes"] = 0
+    """Zero the counters :func:`stats` reads."""
+    _STATS["sends"] = 0
+    _STATS["bytes"] = 0
+
+
+@contextmanager
+def force_math(enabled: bool = True):
+    """Context manager: ring attention started inside it uses the plain math path
+    (``enabled=False``: the kernels again, in a nested block). Read when a ring call starts;
+    an eager call's backward keeps its forward's choice.
+
+    Example::
+
+        >>> with force_math():
+        ...     out = ring_attention(q, k, v, pieces=pieces, group=g, is_causal=True)
+    """
+    _FORCE_MATH.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _FORCE_MATH.pop()
+
+
+def math_forced() -> bool:
+    """Whether a :func:`force_math` block is active (innermost wins)."""
+    return _FORCE_MATH[-1]
 
 
 # ----------------------------------------------------------------------------- layout
@@ -218,7 +256,7 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 def _use_kernel(q: torch.Tensor) -> tuple[str, str]:
     """The kernels of (full and diagonal pairs, masked pairs): ``"cpu"`` (the fused CPU
     kernel), a CUDA kernel name (``"flash"``, ``"efficient"``) or ``"math"``."""
-    if FORCE_MATH:
+    if math_forced():
         return "math", "math"
     if kernels.on_cuda(q):
         return kernels.choose_dense(q, None), kernels.choose_dense(q, True)
@@ -329,7 +367,7 @@ class _Ring:
         self.ranks, self.group = spec.ranks, spec.group
         if not self.live:
             return
-        self.pg = collectives._group(spec.group)
+        self.pg = collectives.process_group(spec.group)
         self.next = dist.get_global_rank(self.pg, (spec.rank + 1) % spec.ranks)
         self.prev = dist.get_global_rank(self.pg, (spec.rank - 1) % spec.ranks)
         self.timeout = _timeout(self.pg) if device.type == "cpu" else None
@@ -344,8 +382,8 @@ class _Ring:
         ops = []
         if send is not None and send.numel():
             ops.append(dist.P2POp(dist.isend, send, self.next, self.pg, tag))
-            STATS["sends"] += 1
-            STATS["bytes"] += send.numel() * send.element_size()
+            _STATS["sends"] += 1
+            _STATS["bytes"] += send.numel() * send.element_size()
         if recv is not None and recv.numel():
             ops.append(dist.P2POp(dist.irecv, recv, self.prev, self.pg, tag))
         return dist.batch_isend_irecv(ops) if ops else []
@@ -537,7 +575,7 @@ def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, wind
     return _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
                  causal=bool(is_causal), window=window, docs=doc_ids,
                  scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
-                 simulated=bool(collectives._SIMULATED), kernel=_use_kernel(query))
+                 simulated=collectives.simulating(), kernel=_use_kernel(query))
 
 
 # ----------------------------------------------------------------------------- torch.compile
