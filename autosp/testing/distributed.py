@@ -17,9 +17,11 @@ suite's conftest sets it) ``run_ranks`` keeps a pool of rank processes per
   and device meshes as usual (they stay, as they would for a long-running job);
 - the globals of ``autosp.*`` modules are restored after each body: names a body
   rebinds (negative controls patch collectives) and the contents of module-level
-  dicts, lists and sets (process groups registered by name), so the next body starts
+  dicts, lists and sets (a pass a body adds to a registry), so the next body starts
   from the same state (autosp's modules are imported when the ranks start, so the
-  snapshot covers them);
+  snapshot covers them). Runtime state needs none of it: a compiled module's group
+  names go with the module (:mod:`autosp.runtime.context`), and a body that registers a
+  name itself unregisters it;
 - a body that fails on any rank, a rank that dies, or a call that runs past ``timeout``
   tears the whole pool down (other ranks may be blocked in a collective): the error is
   raised and the next call starts a fresh pool;
@@ -121,8 +123,8 @@ def _restore(snapshot: dict) -> None:
     """Put every module global back as it was before the body.
 
     Rebound names (``collectives.shard = ...``) get their old object; module-level
-    registries filled by the body (process groups registered by name) get their old
-    contents, so nothing a body compiled or registered is seen by the next body.
+    registries filled by the body (a pass added to ``PASSES``) get their old contents, so
+    nothing a body registered is seen by the next body.
     """
     for name, saved in snapshot.items():
         mod = sys.modules.get(name)
