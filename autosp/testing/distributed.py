@@ -15,11 +15,13 @@ suite's conftest sets it) ``run_ranks`` keeps a pool of rank processes per
 
 - the default process group is initialised once per pool; a body may create sub-groups
   and device meshes as usual (they stay, as they would for a long-running job);
-- names a body rebinds in ``autosp.*`` modules (negative controls patch collectives)
-  are put back after it, so the next body runs the shipped code (autosp's modules are
-  imported when the ranks start, so the snapshot covers them). Runtime state needs no
-  restoring: a compiled module's process-group names go with the module
-  (:mod:`autosp.runtime.context`), and a body that registers a name itself unregisters it;
+- the globals of ``autosp.*`` modules are restored after each body: names a body
+  rebinds (negative controls patch collectives) and the contents of module-level
+  dicts, lists and sets (a pass a body adds to a registry), so the next body starts
+  from the same state (autosp's modules are imported when the ranks start, so the
+  snapshot covers them). Runtime state needs none of it: a compiled module's group
+  names go with the module (:mod:`autosp.runtime.context`), and a body that registers a
+  name itself unregisters it;
 - a body that fails on any rank, a rank that dies, or a call that runs past ``timeout``
   tears the whole pool down (other ranks may be blocked in a collective): the error is
   raised and the next call starts a fresh pool;
@@ -92,21 +94,49 @@ def _autosp_modules() -> dict:
 
 
 def _snapshot() -> dict:
-    """Each autosp module's globals (the objects its names are bound to)."""
-    return {name: {key: value for key, value in vars(mod).items() if not key.startswith("__")}
-            for name, mod in _autosp_modules().items()}
+    """Each autosp module's globals, with a copy of the contents of its dicts, lists and sets."""
+    snap = {}
+    for name, mod in _autosp_modules().items():
+        snap[name] = {key: (value, _contents(value)) for key, value in vars(mod).items()
+                      if not key.startswith("__")}
+    return snap
+
+
+def _contents(value):
+    if type(value) in (dict, list, set):
+        return value.copy()
+    return None
+
+
+def _same(value, contents) -> bool:
+    """Same items, by identity (values may be tensors, whose ``==`` is elementwise)."""
+    if len(value) != len(contents):
+        return False
+    if isinstance(value, dict):
+        return all(k in contents and contents[k] is v for k, v in value.items())
+    if isinstance(value, list):
+        return all(a is b for a, b in zip(value, contents))
+    return value == contents  # a set: its items are hashable, compared by hash first
 
 
 def _restore(snapshot: dict) -> None:
-    """Rebind every module global a body rebound (``collectives.shard = ...``) to its old object."""
+    """Put every module global back as it was before the body.
+
+    Rebound names (``collectives.shard = ...``) get their old object; module-level
+    registries filled by the body (a pass added to ``PASSES``) get their old contents, so
+    nothing a body registered is seen by the next body.
+    """
     for name, saved in snapshot.items():
         mod = sys.modules.get(name)
         if mod is None:
             continue
         current = vars(mod)
-        for key, value in saved.items():
+        for key, (value, contents) in saved.items():
             if current.get(key, _MISSING) is not value:
                 current[key] = value
+            if contents is not None and not _same(value, contents):
+                value.clear()
+                value.update(contents) if isinstance(value, (dict, set)) else value.extend(contents)
 
 
 _MISSING = object()
