@@ -5,7 +5,8 @@ memory model's step is then linear in how many layers make each choice of a plan
 layer adds what it keeps for backward (its input, its offload buffers, its gradient
 shards) and the transients (the layer being recomputed, the loss, the unsharded layer)
 are the same for every layer of one choice. So the planner estimates copies of the
-model with 2 and 3 layers, and puts a plan of ``n`` layers together from them:
+model with a few layers (4 to 8: see LEAD and TAIL), and puts a plan of ``n`` layers
+together from them:
 
     peak(plan) = peak(base) + sum over runs r of (len_r - base_r) * (peak(base, r one longer) - peak(base))
 

@@ -65,8 +65,9 @@ class Prediction:
 
 class Planner:
     """Candidate plans for one call, evaluated by the memory model. The model is compiled
-    once per depth: where its layers repeat (:mod:`autosp.planning.depth`) as copies with
-    2 and 3 layers, each candidate put together from their estimates; otherwise whole.
+    once per depth: where its layers repeat (:mod:`autosp.planning.depth`) as shallow copies
+    (4 to 8 layers), each candidate put together from their estimates; otherwise whole
+    (:attr:`why_whole` says why).
     Each candidate then re-runs only the memory passes and the meta step, on the last
     rank during the search (it also narrows the shifted logits) and on the first rank
     too for the plan returned; every estimate is cached."""
@@ -257,7 +258,8 @@ def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int 
     plan, found = planner.plan(budget)
     if verbose:
         print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {human_bytes(budget)} "
-              f"({planner.evaluations} estimates, {planner.seconds:.1f}s):\n"
+              f"({planner.evaluations} estimates, {planner.seconds:.1f}s"
+              f"{'; the whole model: ' + planner.why_whole if planner.why_whole else ''}):\n"
               f"  tiled LM head + loss: yes{' (logits dropped)' if plan.drop_logits else ''}; "
               f"token-wise tiles: {plan.tiles}\n{plan.describe()}\n"
               f"  predicted: {human_bytes(found.total_bytes)} = step peak {human_bytes(found.peak_bytes)} + parameters and "
