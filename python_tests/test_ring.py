@@ -95,7 +95,7 @@ def _logits(out):
 def _run_config(name, model_kwargs, options, seqs, seed):
     import autosp
     from autosp.runtime import collectives
-    from autosp.testing.parity import ADAM_EPS, parameter_distance, parity, relative_error
+    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
     torch.manual_seed(seed)
     model = _model(name, **model_kwargs)
     reference = copy.deepcopy(model)
@@ -147,6 +147,7 @@ def _run_config(name, model_kwargs, options, seqs, seed):
         opt.step()
         params = parameter_distance(reference, model)  # relative L2: see its docstring (Adam's coin flips)
         steps.append((grads, params))
+        align_parameters(model, reference)  # the next step's gradients at the same point
     result["steps"] = steps
     return result
 

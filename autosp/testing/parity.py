@@ -45,6 +45,22 @@ def parameter_distance(reference: torch.nn.Module, candidate: torch.nn.Module) -
     return (num / den) ** 0.5
 
 
+def align_parameters(candidate: torch.nn.Module, reference: torch.nn.Module) -> None:
+    """Copy ``reference``'s parameter values into ``candidate``'s (in order, in place).
+
+    Multi-step parity tests call it after each optimizer step, once that step's gradients and
+    parameters were compared: the next step's gradients are then taken at the same point on
+    both sides. Without it, step k's gradients are taken at parameters that already differ by
+    the previous steps' rounding, amplified by Adam's normalisation (``g / (|g| + eps)`` turns a
+    1e-10 difference in a small gradient into a 1e-7 one in the parameter), so later steps
+    measure that chaos rather than the compiled program. Each side keeps its own optimizer
+    state, and the candidate's module its own buffers and caches, so state carried wrongly
+    across steps still shows."""
+    with torch.no_grad():
+        for mine, theirs in zip(candidate.parameters(), reference.parameters(), strict=True):
+            mine.copy_(theirs)
+
+
 @dataclass
 class ParityReport:
     outputs: dict[str, float] = field(default_factory=dict)
