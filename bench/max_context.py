@@ -4,7 +4,7 @@
     python bench/max_context.py --mechanisms [--device cpu cuda]    # 8B: 8 x 80 GiB and 1 x 141 GiB
 
 ``--mechanisms``: Llama-3-8B's max context with each mechanism of ``memory_budget`` (full
-recompute with 16 tiles of the token-wise blocks and the tiled loss; then every layer's
+recompute with 64 tiles of the token-wise blocks and the tiled loss; then every layer's
 input offloaded), on 8 GPUs of 80 GiB (SP 8, FSDP2 over 8, AdamW) and on one GPU of 141 GiB
 (HostAdamW: fp32 masters and moments on the host), costed on each ``--device``'s kernels
 (``cpu``: the fused CPU kernel on meta, today's figures; ``cuda``: CUDA's kernels through
@@ -38,7 +38,7 @@ from results import append_section  # noqa: E402
 from autosp.driver import CHECKPOINTING  # noqa: E402
 from autosp.planning.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 
-MECHANISMS = ("full recompute, 16 tiles, tiled loss", "+ offload of every layer's input")
+MECHANISMS = ("full recompute, 64 tiles, tiled loss", "+ offload of every layer's input")
 SETUPS = (("8 x 80 GiB", 8, 80, "adamw", 1 << 19), ("1 x 141 GiB", 1, 141, "host-adamw", 1 << 17))
 
 
@@ -49,7 +49,7 @@ def mechanisms(devices) -> str:
             + " | GiB/rank at the limit (" + devices[-1] + ") |", "|---|---|" + "---|" * (len(devices) + 1)]
     for label, sp, gib, optimizer, granule in SETUPS:
         for name, offload in zip(MECHANISMS, (False, True)):
-            plan = MemoryPlan(layers=("full+offload" if offload else "full",) * 32, tiles=16, loss_chunk=4096,
+            plan = MemoryPlan(layers=("full+offload" if offload else "full",) * 32, tiles=64, loss_chunk=4096,
                               drop_logits=True)
             found, at = {}, None
             model = MemoryModel("8b", sp, torch.bfloat16, plan=plan, fsdp=sp, optimizer=optimizer)

@@ -213,3 +213,36 @@ func.func @two_token_layouts(%x: !torch.vtensor<[?,64],f32>, %y: !torch.vtensor<
   %r = torch.aten.add.Tensor %y, %p3, %int1 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,64],f32>, !torch.vtensor<[2,?,64],f32>, !torch.int -> !torch.vtensor<[2,?,64],f32>
   return %r : !torch.vtensor<[2,?,64],f32>
 }
+
+// -----
+
+// Attention's projections: q and k of one normalised input, each viewed to heads and
+// transposed (not row-wise: the sequence moves behind the heads). A transpose that no
+// later op of the run reads is deferred past the run instead of ending it, so the norm
+// and both projections form one run (tile 0): the normalised input is neither an output
+// of the run nor kept whole for its backward. The transposes stay outside the run.
+// CHECK-LABEL: func.func @projections_then_transposes
+// CHECK:       torch.aten.mul.Tensor %arg0, %arg1 {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK:       torch.aten.matmul %{{.*}}, %arg2 {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK:       torch.aten.view %{{.*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK-NEXT:  torch.aten.transpose.int %{{[^{]*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64} :
+// CHECK-NEXT:  torch.aten.matmul %{{.*}}, %arg3 {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK:       torch.aten.view %{{.*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64, autosp.tile = 0 : i64, autosp.tiles = 3 : i64}
+// CHECK-NEXT:  torch.aten.transpose.int %{{[^{]*}} {autosp.region = 0 : i64, autosp.segment = 1 : i64} :
+// CHECK-NOT:   autosp.tile = 1
+func.func @projections_then_transposes(%x: !torch.vtensor<[2,?,64],f32>, %g: !torch.vtensor<[64],f32>, %wq: !torch.vtensor<[64,64],f32>, %wk: !torch.vtensor<[64,32],f32>, %s: !torch.int) -> (!torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,2,?,16],f32>) {
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int16 = torch.constant.int 16
+  %n = torch.aten.mul.Tensor %x, %g {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,64],f32>, !torch.vtensor<[64],f32> -> !torch.vtensor<[2,?,64],f32>
+  %q = torch.aten.matmul %n, %wq {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,64],f32>, !torch.vtensor<[64,64],f32> -> !torch.vtensor<[2,?,64],f32>
+  %lq = torch.prim.ListConstruct %int2, %s, %int4, %int16 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %q4 = torch.aten.view %q, %lq {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,64],f32>, !torch.list<int> -> !torch.vtensor<[2,?,4,16],f32>
+  %qt = torch.aten.transpose.int %q4, %int1, %int2 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,4,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,?,16],f32>
+  %k = torch.aten.matmul %n, %wk {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,64],f32>, !torch.vtensor<[64,32],f32> -> !torch.vtensor<[2,?,32],f32>
+  %lk = torch.prim.ListConstruct %int2, %s, %int2, %int16 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %k4 = torch.aten.view %k, %lk {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[2,?,2,16],f32>
+  %kt = torch.aten.transpose.int %k4, %int1, %int2 {autosp.region = 0 : i64, autosp.segment = 1 : i64} : !torch.vtensor<[2,?,2,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,2,?,16],f32>
+  return %qt, %kt : !torch.vtensor<[2,4,?,16],f32>, !torch.vtensor<[2,2,?,16],f32>
+}

@@ -278,15 +278,26 @@ def _runs(func, extents: dict | None = None) -> list[list]:
     """Maximal runs of row-wise ops of one segment (transparent ops skipped), one per
     sequence extent: ops on the whole sequence (a mask's cast) interleaved with ops on a
     shard form two runs, not one. An op without the sequence (on weights) joins the run
-    the op before it joined."""
+    the op before it joined.
+
+    An op of the run's segment that is not row-wise does not end the run: it is
+    *deferred* (it runs after the tiled run, which the backend's split puts it after), and
+    so is every op that reads its results. A row-wise op that reads a deferred result
+    ends the run (it would depend on an op that now runs after it). So the q, k and v
+    projections of one normalised input, each followed by a transpose to heads, form one
+    run: the normalised input never lives whole (it is neither an output of the run nor
+    kept for its backward)."""
     runs: list[list] = []
     open_runs: dict = {}  # extent -> the run being built (None: not yet known)
     last = None
     key = None
+    deferred: set = set()  # results of ops deferred past the open runs
     extents = sequence_extents(func) if extents is None else extents
     for op in body_ops(func):
         name = op_name(op)
         if name.startswith(_TRANSPARENT):
+            if any(v in deferred for v in op.operands):
+                deferred.update(op.results)
             continue
         segment = op.attributes[SEGMENT_ATTR].value if SEGMENT_ATTR in op.attributes else None
         if key is not None and segment != key and _on_weights(op):
@@ -294,13 +305,19 @@ def _runs(func, extents: dict | None = None) -> list[list]:
         reason = row_wise(op) if segment is not None else "not in a checkpoint segment"
         seq = [extents.get(r) for r in _tensors(op.results) if _prefix(r) is not None]
         extent = seq[0] if seq else last
-        if reason is None and segment == key:
+        reads_deferred = any(v in deferred for v in op.operands)
+        if reason is None and segment == key and not reads_deferred:
             if extent not in open_runs and None in open_runs:
                 open_runs[extent] = open_runs.pop(None)
             open_runs.setdefault(extent, []).append(op)
             last = extent
             continue
+        if reason is not None and key is not None and segment == key and any(open_runs.values()):
+            deferred.update(op.results)  # runs after the open runs (see the docstring)
+            _log.debug("autosp-tile-tokens: %s is deferred past a run: %s", name, reason)
+            continue
         runs.extend(r for r in open_runs.values() if r)
+        deferred = set()
         open_runs, last, key = ({extent: [op]}, extent, segment) if reason is None else ({}, None, None)
         if reason is not None:
             _log.debug("autosp-tile-tokens: %s ends a run: %s", name, reason)

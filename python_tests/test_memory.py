@@ -58,6 +58,27 @@ def test_saved_counter_counts_storages_once():
     (y.sum() + z.sum()).backward()
 
 
+def test_peak_tracker_says_what_is_live_at_the_peak():
+    """``PeakTracker(contents=True)``: the storages live when the peak was set (largest
+    first, with the op and shape that made them), and a storage resized in place
+    (``resize_storage_bytes_``, as a released recomputed output) counts its new size."""
+    from autosp.planning.memory import PeakTracker
+    with PeakTracker(contents=True) as tracker:
+        a = torch.empty(100, device="meta")
+        b = torch.zeros(200, device="meta")
+        del a
+        c = torch.ones(100, device="meta")  # 300 live again: not a new peak
+        d = torch.empty(10, 10, device="meta")  # 400: the peak
+        torch.ops.inductor.resize_storage_bytes_(b, 0)
+        now = tracker.current()
+    assert tracker.peak_bytes == 400 * 4 and now == 200 * 4
+    assert [(n, o.split(" ", 1)[1]) for n, o in tracker.peak_contents] == [
+        (800, "zeros.default [200] float32"), (400, "empty.memory_format [10, 10] float32"),
+        (400, "ones.default [100] float32")], tracker.peak_contents
+    assert tracker.peak_op.endswith("empty.memory_format")
+    del b, c, d
+
+
 def _measure_body(rank, world, queue, seed):
     import autosp
     from autosp.planning.memory import measure_step

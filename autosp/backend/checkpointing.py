@@ -142,6 +142,50 @@ def _returns_tuple(module) -> bool:
     return isinstance(out.args[0], (tuple, list))
 
 
+def _storage_key(t: torch.Tensor) -> int:
+    """One key per storage (its implementation's address), on every device, meta included."""
+    return t.untyped_storage()._cdata
+
+
+class _SavedStorages:
+    """While a recomputation runs: the storages autograd saves (saved-tensor hooks that
+    only look). :meth:`release` then frees the data of recomputed outputs that nothing
+    saved and that share no storage with the inputs: ``torch.autograd.grad`` needs an
+    output's node and shape, never its values. So the recomputed layer output (as large
+    as the layer input) is not held through the layer's whole backward. Where other
+    saved-tensor hooks are active (a user's), or a saved tensor has no plain storage
+    (a tensor subclass), nothing is released."""
+
+    def __init__(self, inputs):
+        self.keys: set[int] = {_storage_key(a) for a in inputs if isinstance(a, torch.Tensor)}
+        self.unknown = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            self.keys.add(_storage_key(t))
+        except (RuntimeError, NotImplementedError):  # no plain storage
+            self.unknown = True
+        return t
+
+    def __enter__(self):
+        self.entered = not self.unknown
+        if self.entered:
+            self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.entered:
+            self._hooks.__exit__(*exc)
+
+    def release(self, outputs) -> None:
+        if self.unknown:
+            return
+        for o in outputs:
+            if type(o) is torch.Tensor and o.untyped_storage().nbytes() and _storage_key(o) not in self.keys:
+                torch.ops.inductor.resize_storage_bytes_(o, 0)
+
+
 class _RecomputeFunction(torch.autograd.Function):
     """Forward without a graph, keeping only the inputs; backward recomputes and
     differentiates. Uses ``torch.autograd.grad`` inside, so it works under both
@@ -189,11 +233,12 @@ class _RecomputeFunction(torch.autograd.Function):
         for name, spec, leaves in ctx.kept:
             leaves = [next(saved) if x is None else x for x in leaves]
             calls.append((name, pytree.tree_unflatten(leaves, spec)))
+        saved_storages = _SavedStorages(args + [x for _, out in calls for x in pytree.tree_leaves(out)])
         with torch.random.fork_rng(devices=ctx.devices):
             torch.set_rng_state(ctx.cpu_rng)
             for d, state in zip(ctx.devices, ctx.cuda_rng):
                 torch.cuda.set_rng_state(state, d)
-            with torch.enable_grad():
+            with torch.enable_grad(), saved_storages:
                 if calls:
                     with _Replay(calls):
                         outputs = ctx.fn(*args)
@@ -203,6 +248,7 @@ class _RecomputeFunction(torch.autograd.Function):
         pairs = [(o, g) for o, g in zip(outputs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         del outputs  # recomputed outputs without a gradient (e.g. the logits) can go now
+        saved_storages.release([o for o, _ in pairs])
         wanted = [a for a, r in zip(args, ctx.requires) if r]
         found_grads: tuple = (None,) * len(wanted)
         if pairs and wanted:

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 MiB = 1 << 20
+_RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -68,9 +69,15 @@ class SavedTensors:
 class PeakTracker(TorchDispatchMode):
     """Dispatch mode: live and peak bytes of the storages created while it is active."""
 
-    def __init__(self):
+    def __init__(self, contents: bool = False):
         super().__init__()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        # contents=True: what made each live storage (op and shape), and the largest ones
+        # live at the peak of the bytes not set aside (a diagnostic: it costs a sort per new peak).
+        self.origin: dict[int, str] | None = {} if contents else None
+        self.peak_contents: list[tuple[int, str]] = []
+        self.peak_op = ""  # (contents=True) the op that set the peak
+        self._ops = 0
         self.external: set[int] = set()
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -109,11 +116,23 @@ class PeakTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._ops += 1
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
                 if not self._known(key):
                     self.external.add(key)
+        if func is _RESIZE_STORAGE:  # a storage freed (or grown) in place, e.g. a released recomputed output
+            key = _storage_key(args[0])
+            out = func(*args, **kwargs)
+            if self._known(key):
+                ref, n = self.live[key]
+                now = args[0].untyped_storage().nbytes()
+                self.live[key] = (ref, now)
+                self.live_bytes += now - n
+                if key in self.set_aside:
+                    self.set_aside_bytes += now - n
+            return out
         out = func(*args, **kwargs)
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -122,6 +141,9 @@ class PeakTracker(TorchDispatchMode):
                     storage = t.untyped_storage()
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.live_bytes += storage.nbytes()
+                    if self.origin is not None:
+                        self.origin[key] = (f"#{self._ops} {func.__name__} {list(t.shape)} {t.dtype}"
+                                            .replace("torch.", ""))
         # live_bytes counts freed storages until a sweep, so it bounds the live bytes from
         # above (and live - set aside bounds the rest): sweep only where that bound could
         # be a new peak (exact peaks; one sweep per op made long steps quadratic).
@@ -129,7 +151,12 @@ class PeakTracker(TorchDispatchMode):
                 or len(self.live) > self._sweep_at):
             self._sweep()
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            self.peak_other_bytes = max(self.peak_other_bytes, self.live_bytes - self.set_aside_bytes)
+            if self.live_bytes - self.set_aside_bytes > self.peak_other_bytes:
+                self.peak_other_bytes = self.live_bytes - self.set_aside_bytes
+                if self.origin is not None:
+                    self.peak_op = f"#{self._ops} {func.__name__}"
+                    self.peak_contents = sorted(((n, self.origin.get(k, "?")) for k, (_, n) in self.live.items()
+                                                 if k not in self.set_aside), reverse=True)
         return out
 
     def current(self) -> int:
