@@ -41,6 +41,7 @@ from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
+from autosp.hf import experts
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
@@ -173,6 +174,7 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     simulated = simulated_fsdp > 1
     t0 = time.perf_counter()
     gm = emit_graph_module(transformed.module)
+    experts.bind_token_ops(gm, model)  # transformers' MoE experts: their own implementation again
     t_emit = time.perf_counter() - t0
     timings = dict(transformed.timings, emit_s=t_emit)
     timings["total_s"] = timings.get("transform_s", 0.0) + t_emit

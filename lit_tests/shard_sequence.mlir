@@ -1,4 +1,5 @@
 // RUN: autosp-opt %s --split-input-file --autosp-shard-sequence | FileCheck %s
+// RUN: autosp-opt %s --split-input-file --autosp-shard-sequence=gather-outputs=true | FileCheck %s --check-prefix=GATHER
 
 // Sharding starts at the first op that reads a parameter (the embedding): its token
 // input is sliced to this rank's part. Sizes from S that shape sharded values become the
@@ -271,4 +272,79 @@ func.func @unbound_sum_over_features(%w: !torch.vtensor<[64,32],f32> {autosp.par
   %m = torch.aten.div.Scalar %sum, %int32 : !torch.vtensor<[2,?],f32>, !torch.int -> !torch.vtensor<[2,?],f32>
   torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
   return %m : !torch.vtensor<[2,?],f32>
+}
+
+// -----
+
+// MoE routing: the experts module as autosp's op with stated semantics
+// (torch.autosp.token_experts, row-wise over the tokens) runs on the rank's rows; histc
+// counts the rank's values into fixed bins (min 0 < max 4): counts over a split
+// add up, so it becomes a local count plus an all_reduce (the aux loss's statistics).
+// CHECK-LABEL: func.func @moe_experts_and_counts
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[X:.*]] = torch.aten.view %[[E]]
+// CHECK: %[[Y:.*]] = torch.operator "torch.autosp.token_experts"
+// CHECK: %[[C:.*]] = torch.operator "torch.aten.histc"
+// CHECK-NEXT: %[[CT:.*]] = "autosp.all_reduce"(%[[C]]) {group = "sp", reduce_op = "sum"}
+// CHECK: return %[[Y]], %[[CT]]
+func.func @moe_experts_and_counts(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                  %gu: !torch.vtensor<[4,16,32],f32> {autosp.parameter = "gate_up"},
+                                  %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[?,32],f32>, !torch.vtensor<[4],f32>) {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %str = torch.constant.str "model.layers.0.mlp.experts"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %int-1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
+  %x = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %flat = torch.aten.view %ids, %lr : !torch.vtensor<[2,?],si64>, !torch.list<int> -> !torch.vtensor<[?],si64>
+  torch.bind_symbolic_shape %flat, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],si64>
+  %inputs = torch.prim.ListConstruct %x, %flat : (!torch.vtensor<[?,32],f32>, !torch.vtensor<[?],si64>) -> !torch.list<vtensor>
+  %weights = torch.prim.ListConstruct %gu : (!torch.vtensor<[4,16,32],f32>) -> !torch.list<vtensor>
+  %y = torch.operator "torch.autosp.token_experts"(%inputs, %weights, %str) : (!torch.list<vtensor>, !torch.list<vtensor>, !torch.str) -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %f = torch.aten.view %e, %lr : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %f, [%s], affine_map<()[s0] -> (s0 * 64)> : !torch.vtensor<[?],f32>
+  %c = torch.operator "torch.aten.histc"(%f, %int4, %int0, %int4) : (!torch.vtensor<[?],f32>, !torch.int, !torch.int, !torch.int) -> !torch.vtensor<[4],f32>
+  return %y, %c : !torch.vtensor<[?,32],f32>, !torch.vtensor<[4],f32>
+}
+
+// -----
+
+// A returned value whose rows fold the batch with the sequence ([2 * S, E]: a router's
+// logits from hidden.view(-1, H)), gathered (gather-outputs): unfolded to [2, S, E] (the
+// view that merged them says the batch comes first), gathered along the sequence, and
+// folded back; concatenating the ranks' folded rows would interleave them wrongly.
+// GATHER-LABEL: func.func @gather_folded_rows
+// GATHER: %[[R:.*]] = torch.aten.mm
+// GATHER: %[[U:.*]] = torch.aten.view %[[R]], %{{.*}} : !torch.vtensor<[?,4],f32>, !torch.list<int> -> !torch.vtensor<[2,?,4],f32>
+// GATHER-NEXT: %[[G:.*]] = "autosp.all_gather"(%[[U]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// GATHER: %[[F:.*]] = torch.aten.view %[[G]], %{{.*}} : !torch.vtensor<[2,?,4],f32>, !torch.list<int> -> !torch.vtensor<[?,4],f32>
+// GATHER: return %[[F]]
+func.func @gather_folded_rows(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                              %r: !torch.vtensor<[32,4],f32> {autosp.parameter = "router"},
+                              %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?,4],f32> {
+  %int-1 = torch.constant.int -1
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %int-1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
+  %x = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %y = torch.aten.mm %x, %r : !torch.vtensor<[?,32],f32>, !torch.vtensor<[32,4],f32> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  return %y : !torch.vtensor<[?,4],f32>
 }

@@ -380,3 +380,64 @@ func.func @pad_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"}
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0 + 1, 32)> : !torch.vtensor<[2,?,32],f32>
   return %x : !torch.vtensor<[2,?,32],f32>
 }
+
+// -----
+
+// An op torch-mlir keeps opaque (a torch.operator) whose semantics autosp does not state:
+// it could mix positions, so it is not taken for token-wise.
+func.func @opaque_op_on_shard(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                              %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-1 = torch.constant.int -1
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{'torch.operator "torch.mylib.scan"' op is 'torch.mylib.scan', an op torch-mlir keeps opaque; autosp does not know what it does along the sequence}}
+  %y = torch.operator "torch.mylib.scan"(%e) : (!torch.vtensor<[2,?,32],f32>) -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %y : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
+// histc with min == max takes its range from the data: each rank's range would be its
+// own, so the counts of the parts do not add up to the whole's.
+func.func @histc_range_from_data(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                 %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[4],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int4 = torch.constant.int 4
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{counts sequence-sharded values (histc) over a range that is not fixed}}
+  %c = torch.operator "torch.aten.histc"(%e, %int4, %int0, %int0) : (!torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int) -> !torch.vtensor<[4],f32>
+  return %c : !torch.vtensor<[4],f32>
+}
+
+// -----
+
+// Noise drawn in the shape of a sharded value (rand_like, as a router's jitter): each rank
+// would draw its own numbers, not its part of one device's draw.
+func.func @random_like_a_shard(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                               %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-1 = torch.constant.int -1
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %f0 = torch.constant.float 0.000000e+00
+  %f1 = torch.constant.float 1.000000e+00
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{'torch.aten.uniform' op draws random numbers shaped like a sequence-sharded value}}
+  %u = torch.aten.uniform %e, %f0, %f1, %none : !torch.vtensor<[2,?,32],f32>, !torch.float, !torch.float, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %u : !torch.vtensor<[2,?,32],f32>
+}

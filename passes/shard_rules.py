@@ -27,7 +27,7 @@ from torch_mlir import ir
 from autosp.ir import ops
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import ALL_TO_ALL, RING_ATTENTION
-from autosp.ir.core import const_int, is_none, op_name, producer
+from autosp.ir.core import const_float, const_int, is_none, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.sequence import Linear, SequenceInfo
 
@@ -89,6 +89,7 @@ class OpClass(enum.Enum):
     SELECT = "select"  # one position: needs the whole sequence
     INDEX = "index"  # advanced indexing: the identity range along the sequence is local
     CONTRACTION = "matmul"  # mixes positions when it contracts the sequence dim
+    OPAQUE = "opaque"  # a torch.operator torch-mlir kept whole whose semantics autosp does not state
     POINTWISE = "token-wise"  # everything else, once Rules.check_token_wise proved it keeps
     # each position's data at its position (no dim argument on the sequence, no convolution
     # or pooling over it, the sequence length kept)
@@ -102,6 +103,11 @@ def op_class(op) -> OpClass:
         return OpClass.TO_HEADS if to_heads else OpClass.TO_SEQUENCE
     if name == RING_ATTENTION:
         return OpClass.RING
+    if name == "torch.operator":
+        inner = _schema_name(op)
+        if inner in ops.COUNTING_OPS:
+            return OpClass.SUM
+        return OpClass.POINTWISE if inner in ops.TOKEN_WISE_OPERATORS else OpClass.OPAQUE
     if name in ops.SUM_OPS:
         return OpClass.SUM
     if name == ops.SLICE_OP:
@@ -212,6 +218,11 @@ class Rules:
                                          "without communication")
         window = windows.pop()
         source = tensor_operands[0]
+        if _schema_name(op) in ops.RANDOM_OPS:
+            raise DiagnosticError.at(op, "draws random numbers shaped like a sequence-sharded value; each rank "
+                                         "would draw its own numbers, not its part of what one device draws, so "
+                                         "training would silently differ from one device (draw from a size list, as "
+                                         "dropout does, or turn the noise off: e.g. router jitter in eval or = 0)")
         if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
             dim = const_int(op.operands[1])
             if dim is None:
@@ -242,6 +253,10 @@ class Rules:
                 raise DiagnosticError.at(op, f"has a result {unknown[0].type} with a dynamic size and no shape "
                                              "binding: autosp cannot tell whether it is the sequence")
             self.check_contraction(op, kind)
+            self.check_opaque(op, kind)
+            if kind is OpClass.SUM and _schema_name(op) in ops.COUNTING_OPS:
+                self.check_fixed_bins(op)
+                return Decision(REPLICATED, Action.ALL_REDUCE)  # counts over a partition add up
             along = self.sequence_dims_along(op)
             if kind is OpClass.SUM and (along or not ops.dim_operands(op_name(op))):
                 # proven: the sum's dims name the sequence (torch.aten.sum sums every dim)
@@ -252,6 +267,7 @@ class Rules:
         if len(res_dims) > 1:
             raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
                                          "cannot shard it")
+        self.check_opaque(op, kind)
         self.check_token_wise(op, kind, tensor_operands)
         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
 
@@ -289,6 +305,22 @@ class Rules:
                                          "(a convolution, pooling or normalisation over positions); each rank holds "
                                          "only part of it, so autosp cannot shard this op")
         self.check_keeps_length(op, tensor_operands)
+
+    def check_opaque(self, op, kind: OpClass) -> None:
+        """An op torch-mlir kept opaque, with no semantics stated to autosp, on sharded values."""
+        if kind is OpClass.OPAQUE:
+            raise DiagnosticError.at(op, f"is '{_schema_name(op)}', an op torch-mlir keeps opaque; autosp does not "
+                                         "know what it does along the sequence, so it cannot shard it (ops with "
+                                         f"stated semantics: {', '.join(ops.TOKEN_WISE_OPERATORS + ops.COUNTING_OPS)})")
+
+    def check_fixed_bins(self, op) -> None:
+        """``histc(x, bins, min, max)`` adds up over any split of ``x`` only with a fixed range
+        (``min < max``, constants); ``min == max`` takes the range from the data."""
+        lo, hi = (const_float(v) for v in op.operands[2:4])
+        if lo is None or hi is None or not lo < hi:
+            raise DiagnosticError.at(op, "counts sequence-sharded values (histc) over a range that is not fixed "
+                                         "(min and max constants, min < max); each rank would take the range from "
+                                         "its own part, so autosp cannot split it")
 
     def check_contraction(self, op, kind: OpClass) -> None:
         if kind is OpClass.CONTRACTION:

@@ -42,7 +42,7 @@ from autosp.ir.contract import (
     SEQ_ATTR,
     SHARD,
 )
-from autosp.ir.core import body_ops, const_int, main_func, op_name, producer
+from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import Linear, SequenceInfo, analyze_sequence, sequence_length_value
@@ -403,6 +403,63 @@ class _Propagation:
                                          "compute it from the input's size instead")
 
 
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
+
+
+def _folded_rows(value, dim: int):
+    """How the rows of ``value``'s sharded dim ``dim`` fold the sequence with other dims:
+    the sizes of the dims a view merged into it, in order (None for the sequence), or None
+    when that dim is the sequence alone. Followed back through ops that keep operand 0's
+    dims up to ``dim`` (row-wise work such as a router's linear) to the view that merged
+    them; diagnosed when no such view is found."""
+    shape = tensor_dims(value)
+    if shape is None or shape.count(None) != 1 or shape[dim] is not None:
+        return None
+    op = producer(value)
+    while op is not None:
+        src = op.operands[0] if op.operands else None
+        src_dims = tensor_dims(src) if src is not None else None
+        if src_dims is None:
+            return None
+        if op_name(op) in _VIEWS:
+            out_dims = tensor_dims(op.results[0]) or []
+            if src_dims != out_dims:  # the view that shaped this dim: which dims it merged
+                rest = out_dims[dim + 1:]
+                if src_dims[:dim] != out_dims[:dim] or src_dims[len(src_dims) - len(rest):] != rest:
+                    return None
+                merged = src_dims[dim:len(src_dims) - len(rest)]
+                return merged if len(merged) > 1 and merged.count(None) == 1 else None
+        elif src_dims[:dim + 1] != shape[:dim + 1]:
+            return None  # no view merged dims into it here: the sequence alone, as it came
+        op = producer(src)
+    return None
+
+
+def _gather_output(ret, value, lay, seq_len, group: str):
+    """``value`` gathered along its sharded dim. Where that dim folds the sequence with
+    other dims (``[B * S_local, E]``: a router's logits), it is unfolded first, gathered
+    along the sequence, and folded back: concatenating the ranks' folded rows would put
+    rank 1's rows of batch entry 0 after rank 0's of entry 1."""
+    merged = _folded_rows(value, lay.dim)
+    if merged is None:
+        return b.autosp_op(ALL_GATHER, [value, seq_len], value.type, dim=lay.dim, lo=lay.window.lo,
+                           trim=lay.window.trim, group=group)
+    found = b.vtensor_shape(value.type)
+    assert found is not None  # a tensor: _folded_rows read its dims
+    shape, dtype = found
+    unfolded = shape[:lay.dim] + merged + shape[lay.dim + 1:]
+    sizes = [b.constant_int(-1 if d is None else d) for d in unfolded]
+    listed = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
+                                 operands=sizes).result
+    opened = b.torch_op("torch.aten.view", [value, listed], b.vtensor_type(unfolded, dtype))
+    gathered = b.autosp_op(ALL_GATHER, [opened, seq_len], opened.type, dim=lay.dim + merged.index(None),
+                           lo=lay.window.lo, trim=lay.window.trim, group=group)
+    back = [b.constant_int(-1 if d is None else d) for d in shape]
+    listed = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
+                                 operands=back).result
+    return b.torch_op("torch.aten.view", [gathered, listed], value.type)
+
+
 def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "sp",
                    gather_outputs: bool = False) -> dict:
     """Propagate layouts and rewrite ``@main`` so that each rank computes its shard.
@@ -429,8 +486,7 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
             raise DiagnosticError.at(ret, f"returns head-sharded attention internals (result {i})")
         if isinstance(lay, SequenceSharded) and gather_outputs:
             with ir.InsertionPoint(ret), ret.location:
-                ret.operands[i] = b.autosp_op(ALL_GATHER, [v, seq_len], v.type, dim=lay.dim, lo=lay.window.lo,
-                                              trim=lay.window.trim, group=group)
+                ret.operands[i] = _gather_output(ret, v, lay, seq_len, group)
             lay = REPLICATED
         layouts.append(None if lay == REPLICATED else lay)
     for op in list(body_ops(func)):

@@ -132,3 +132,51 @@ def test_an_exported_program_seen_before_is_imported_from_the_cache(monkeypatch,
         importer._KEEP_WHOLE = original
     assert {k: m.timings["import_cached"] for k, m in misses.items()} == dict.fromkeys(misses, 0.0)
     assert "torch.aten.silu" in str(first.module) and "torch.aten.silu" not in str(misses["table"].module)
+
+
+class _SizeMax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        n = torch.sym_max(x.shape[1], 4)  # the line the error must name
+        return (x @ self.w).new_zeros(n).sum() + (x @ self.w).sum()
+
+
+def test_an_import_failure_is_one_error_naming_the_op_the_line_and_what_to_do():
+    """torch-mlir's importer has no handler for ``sym_max``: the failure is one
+    AutospError naming the op, the model's own source line, the original message and a
+    workaround, with the whole trace in a file (not "Failure while executing pass
+    pipeline" with empty diagnostics)."""
+    import inspect
+    with pytest.raises(AutospError) as caught:
+        autosp.import_model(_SizeMax(), torch.randn(2, 16, 8))
+    text = str(caught.value)
+    line = inspect.getsourcelines(_SizeMax.forward)[1] + 1
+    assert f"torch.sym_max (a function of sizes) (at {__file__}:{line})" in text, text
+    assert "Unimplemented call_function" in text and "what to do: compute that size" in text, text
+    trace = re.search(r"the whole message and trace: (\S+)\)", text).group(1)
+    assert "sym_max" in open(trace).read()
+
+
+def test_ops_torch_mlir_has_no_op_for_stay_one_opaque_op():
+    """``aten.histc`` (Mixtral's experts and aux loss) imports as one ``torch.operator``
+    (outlined around torch-mlir's pipeline, which refuses every torch.operator), and the
+    emitted program runs it as ATen: the round trip is exact."""
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 4))
+
+        def forward(self, x):
+            y = (x @ self.w).softmax(-1)
+            return torch.histc(y.argmax(-1).float(), bins=4, min=0, max=3) * y.sum()
+    model, x = Counts(), torch.randn(2, 16, 8)
+    imported = autosp.import_model(model, x)
+    assert 'torch.operator "torch.aten.histc"' in str(imported.module)
+    assert "autosp_opaque" not in str(imported.module)
+    gm = autosp.emit_graph_module(imported.module)
+    out = gm(*[p for p in model.parameters()], x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert torch.equal(out, model(x))

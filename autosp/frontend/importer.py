@@ -17,7 +17,9 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -34,6 +36,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, symbolic
+from autosp.hf import experts
 from autosp.ir.contract import ARG_ATTRS, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
@@ -49,7 +52,11 @@ _KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu", "layer_norm")
 # torch-mlir's backend pipeline decomposes these unless told they are legal.
 BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", "aten.scaled_dot_product_attention",
                      # kept whole: their decompositions save more tensors for backward
-                     "aten.silu", "aten.gelu", "aten.native_layer_norm")
+                     "aten.silu", "aten.gelu", "aten.native_layer_norm",
+                     # kept whole: its decomposition (arange, unsqueeze, eq) carries no shape binding
+                     "aten.one_hot",
+                     # kept whole: decomposed into uniform + log it draws other numbers than ATen does
+                     "aten.exponential")
 
 
 def decomposition_table() -> dict:
@@ -184,10 +191,12 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 
     wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
     try:
-        with torch.no_grad(), fsdp.hooks_detached(model):
+        with torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
+                _custom_backwards() as functions:
             program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
         raise _export_error(e, model) from None
+    _refuse_custom_backwards(functions)
     _check_no_input_mutation(program, names)
     timings["export_s"] = time.perf_counter() - start
 
@@ -197,7 +206,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     hit = cache.lookup(key, context)
     timings["import_cached"] = float(hit is not None)
     if hit is None:
-        module = _decompose_and_import(program, table, context or make_context())
+        module = _import_or_explain(program, table, context or make_context())
         cache.store(key, module)
     else:
         module = hit[0]
@@ -212,6 +221,69 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
                          seq_len=seq_len, timings=timings)
 
 
+def _import_or_explain(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
+    """:func:`_decompose_and_import`, with a failure turned into one :class:`AutospError`:
+    the op torch-mlir could not import or lower, where the model computes it (the source
+    line its location names), the original message, and what to do. The whole trace goes
+    to a file the message names."""
+    diagnostics: list[str] = []
+
+    def collect(d) -> bool:
+        diagnostics.append(f"{d.location}: {d.message}")
+        return True  # handled: not also printed to stderr
+    handler = ctx.attach_diagnostic_handler(collect)
+    try:
+        return _decompose_and_import(program, table, ctx)
+    except Exception as e:  # the importer and the pipeline raise several types
+        raise frontend_error(e, diagnostics) from None
+    finally:
+        handler.detach()
+
+
+_SOURCE = re.compile(r'"([^"]+)":(\d+):\d+')
+_OP_QUOTED = re.compile(r"'(torch\.[\w.]+)'|name = \\?\"(torch\.[\w.]+)\\?\"|target=([\w.<> ]+?),")
+
+
+def _user_line(text: str) -> str | None:
+    """The first source position in ``text`` outside PyTorch, torch-mlir and autosp (the
+    model's line), else the first one."""
+    found = _SOURCE.findall(text) or re.findall(r'File "([^"]+)", line (\d+)', text)
+    if not found:
+        return None
+    inside = ("/torch/", "/torch_mlir/", "/autosp/")
+    mine = [f for f in found if not any(k in f[0] for k in inside)]
+    path, line = (mine or found)[0]
+    return f"{path}:{line}"
+
+
+def frontend_error(e: Exception, diagnostics: list[str]) -> AutospError:
+    """One readable error for a failed torch-mlir import or lowering (see
+    :func:`_import_or_explain`)."""
+    text = "\n".join(diagnostics) or str(e)
+    op = next((next(g for g in m.groups() if g) for m in _OP_QUOTED.finditer(text)), None)
+    if op == "torch.operator":  # name the operator inside
+        inner = re.search(r'name = \\?"(torch\.[\w.]+)', text)
+        op = inner.group(1) if inner else op
+    function = re.search(r"Unimplemented call_function: target=<function (\w+)", text)
+    if function:  # a Python function on sizes the FX importer has no handler for (sym_max, sym_ite...)
+        op = f"torch.{function.group(1)} (a function of sizes)"
+        text = text.split(", {")[0] + "\n" + text  # its message without the node's metadata first
+    where = _user_line(text)
+    fd, path = tempfile.mkstemp(prefix="autosp-import-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n\n")
+        traceback.print_exception(e, file=f)
+    hint = ("rewrite that line with ops torch-mlir lowers, or call it through a custom op "
+            "(torch.library.custom_op) so it stays one opaque op")
+    if function:
+        hint = ("compute that size with +, -, *, // or % of other sizes (the importer has no max, min or "
+                "condition on sizes), or make it a constant")
+    first = next((d for d in diagnostics if "error" in d.lower()), None) or text.splitlines()[0]
+    return AutospError(f"torch-mlir could not import the model's {op or 'program'}"
+                       f"{f' (at {where})' if where else ''}: {type(e).__name__}: {_first_lines(first, 3)}\n"
+                       f"what to do: {hint}\n(the whole message and trace: {path})")
+
+
 def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
     """Decompose ``program`` with ``table``, import it into ``ctx`` and lower it to
     torch-mlir's backend contract (the ops of ``BACKEND_LEGAL_OPS`` kept)."""
@@ -219,15 +291,127 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         program = program.run_decompositions(table)
     symbolic.install()
+    symbolic.rewrite_sym_float(program.graph_module.graph)
     importer = FxImporter(context=ctx, hooks=symbolic.DenseLiterals())
     importer.import_program(program, func_name="main", import_symbolic_shape_expressions=True)
+    module = as_operation(importer.module)
+    opaque = outline_opaque_ops(module)
     run_pipeline_with_repro_report(
         importer.module,
         "builtin.module(func.func(torch-match-quantized-custom-ops), "
         f"torchdynamo-export-to-torch-backend-pipeline{{backend-legal-ops={','.join(BACKEND_LEGAL_OPS)} "
         "extra-library=})",
         "Lowering TorchFX IR -> Torch Backend IR")
-    return as_operation(importer.module)
+    restore_opaque_ops(module, opaque)
+    return module
+
+
+_OPAQUE_PREFIX = "autosp_opaque_"
+
+
+def outline_opaque_ops(module: ir.Operation) -> int:
+    """Each ``torch.operator`` (an ATen op torch-mlir has no op of its own for, such as
+    ``aten.histc`` or ``aten.argsort`` in Mixtral's grouped experts, or a custom op)
+    becomes a ``func.call`` of a private declaration with the same operand and result
+    types, named ``autosp_opaque_<k>`` and carrying the op's name. torch-mlir's
+    ReduceOpVariants marks every ``torch.operator`` illegal (``backend-legal-ops`` does not
+    reach it); a call is legal and opaque to its passes. :func:`restore_opaque_ops` puts
+    the operators back after the pipeline; the FX emitter then calls each by its name
+    (``torch.ops.aten.histc.default``), and the layout rules treat it as any op they do not
+    know. Returns how many were outlined."""
+    found = []
+
+    def visit(op):
+        if op.operation.name == "torch.operator":
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+    module.operation.walk(visit)
+    if not found:
+        return 0
+    body = module.regions[0].blocks[0]
+    with module.context:
+        for k, op in enumerate(found):
+            callee = f"{_OPAQUE_PREFIX}{k}"
+            signature = ir.FunctionType.get([v.type for v in op.operands], [r.type for r in op.results])
+            with ir.InsertionPoint.at_block_begin(body), ir.Location.unknown():
+                ir.Operation.create("func.func", regions=1, attributes={
+                    "sym_name": ir.StringAttr.get(callee), "function_type": ir.TypeAttr.get(signature),
+                    "sym_visibility": ir.StringAttr.get("private"), "autosp.operator": op.attributes["name"]})
+            with ir.InsertionPoint(op), op.location:
+                call = ir.Operation.create("func.call", results=[r.type for r in op.results],
+                                           operands=list(op.operands),
+                                           attributes={"callee": ir.FlatSymbolRefAttr.get(callee)})
+            for old, new in zip(op.results, call.results):
+                old.replace_all_uses_with(new)
+            op.erase()
+    return len(found)
+
+
+def restore_opaque_ops(module: ir.Operation, count: int) -> None:
+    """Undo :func:`outline_opaque_ops` (after torch-mlir's pipeline): each call of an
+    ``autosp_opaque_<k>`` declaration becomes the ``torch.operator`` it was (with the result
+    types the pipeline may have refined at the call), and the declarations go."""
+    if not count:
+        return
+    body = module.regions[0].blocks[0]
+    decls = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in body.operations
+             if op.operation.name == "func.func" and "autosp.operator" in op.attributes}
+    calls = []
+
+    def visit(op):
+        if op.operation.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value in decls:
+            calls.append(op.operation)
+        return ir.WalkResult.ADVANCE
+    module.operation.walk(visit)
+    with module.context:
+        for call in calls:
+            decl = decls[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+            with ir.InsertionPoint(call), call.location:
+                op = ir.Operation.create("torch.operator", results=[r.type for r in call.results],
+                                         operands=list(call.operands),
+                                         attributes={"name": decl.attributes["autosp.operator"]})
+            for old, new in zip(call.results, op.results):
+                old.replace_all_uses_with(new)
+            call.erase()
+        for decl in decls.values():
+            decl.operation.erase()
+
+
+TRUST_FUNCTIONS_ENV = "AUTOSP_TRUST_AUTOGRAD_FUNCTIONS"
+
+
+@contextlib.contextmanager
+def _custom_backwards():
+    """While exporting: the ``torch.autograd.Function`` subclasses the model applies (the
+    export keeps their forward's ops; their ``backward`` is lost)."""
+    seen: dict[type, None] = {}
+    original = torch.autograd.Function.apply.__func__
+
+    def apply(cls, *args, **kwargs):
+        seen[cls] = None
+        return original(cls, *args, **kwargs)
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    try:
+        yield seen
+    finally:
+        torch.autograd.Function.apply = classmethod(original)  # type: ignore[method-assign, assignment]
+
+
+def _refuse_custom_backwards(functions) -> None:
+    """A model's own ``autograd.Function`` would be differentiated through its forward's
+    ops, not by its ``backward`` (PhiMoE's ``PhimoeMultiplier`` is a straight-through
+    estimator): the gradient could differ from one device's without a word. Refused,
+    naming them; ``AUTOSP_TRUST_AUTOGRAD_FUNCTIONS=1`` accepts them (for backwards that are
+    the derivative of their forward, e.g. memory-saving rewrites). PyTorch's and autosp's
+    own functions are trusted."""
+    mine = [f for f in functions if not f.__module__.startswith(("torch.", "autosp."))]
+    if mine and os.environ.get(TRUST_FUNCTIONS_ENV) != "1":
+        names = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in mine)
+        raise AutospError(f"the model applies custom autograd functions ({names}); autosp differentiates the "
+                          "ops of their forward, so a backward that is not their derivative (a straight-through "
+                          "estimator, a clipped or rescaled gradient) would be lost and training would differ "
+                          f"from one device. If each backward is the derivative of its forward, set "
+                          f"{TRUST_FUNCTIONS_ENV}=1")
 
 
 def _export_error(e: Exception, model: torch.nn.Module) -> AutospError:

@@ -36,6 +36,20 @@ def install() -> None:
     fx_importer.sympy_expr_to_semi_affine_expr = _translate
 
 
+def rewrite_sym_float(graph) -> int:
+    """``torch.sym_float(n)`` of a symbolic int (``0.0 + x.shape[0]``, as Mixtral's and
+    Qwen-MoE's ``load_balancing_loss_func`` count rows) becomes ``aten.Float.Scalar(n)``,
+    the op torch-mlir's importer itself uses to promote a symbolic int (it has no handler
+    for ``sym_float``). Returns how many nodes were rewritten."""
+    import torch
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.sym_float:
+            node.target = torch.ops.aten.Float.Scalar
+            count += 1
+    return count
+
+
 class DenseLiterals(fx_importer.FxImporterHooks):
     """Import constant tensors created inside ``forward`` as readable ``dense<…>`` literals.
 

@@ -88,6 +88,8 @@ class DiagnosticError(AutospError):
         name = ""
         if not isinstance(op, ir.Location):
             name = f"'{op.operation.name}' op "
+            if op.operation.name == "torch.operator" and "name" in op.attributes:
+                name = f"'torch.operator \"{ir.StringAttr(op.attributes['name']).value}\"' op "
         return cls([Diagnostic.from_location("error", loc, name + message)])
 
     @classmethod

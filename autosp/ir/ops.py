@@ -66,6 +66,19 @@ MIXING_WITHOUT_DIM = {
 }
 # Sums: over the sequence they split into local sums + an all-reduce.
 SUM_OPS = ("torch.aten.sum.dim_IntList", "torch.aten.sum")
+# Ops that draw random numbers into the shape of an operand (``rand_like``, ``exponential_``
+# on an ``empty_like``, ``bernoulli``): on a sequence-sharded operand each rank would draw
+# its own numbers, not its part of one device's draw (dropout's draw from a size list is
+# made whole and sliced instead, see the user guide).
+RANDOM_OPS = ("torch.aten.uniform", "torch.aten.normal_functional", "torch.aten.exponential",
+              "torch.aten.bernoulli", "torch.aten.bernoulli.p", "torch.aten.bernoulli.Tensor",
+              "torch.aten.rand_like", "torch.aten.randn_like", "torch.aten.randint_like",
+              "torch.aten.multinomial", "torch.aten.geometric", "torch.aten.log_normal", "torch.aten.cauchy")
+# Opaque ops (torch.operator: torch-mlir has no op of its own) whose semantics autosp states.
+# Counting every element into fixed bins: over a split of the input, the parts' counts add up.
+COUNTING_OPS = ("torch.aten.histc",)
+# Row-wise over the leading dim of their tensor inputs (autosp.hf.experts: MoE experts).
+TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
 # Ops whose operand 1 is a list of sizes of the result.
 SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                  "torch.aten._unsafe_view")
