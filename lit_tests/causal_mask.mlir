@@ -883,3 +883,40 @@ func.func @old_4d_helper_ordered_comparison_kept(%arg0: !torch.vtensor<[2,2,16,8
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,2,16,8],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,16,8],f32>
   return %0 : !torch.vtensor<[2,2,16,8],f32>
 }
+
+// -----
+
+// An encoder's mask: key padding alone, expanded to [B, 1, S, S] (transformers' bidirectional
+// mask, pad[b, k] for every query). Proven key padding without causality: the operand
+// becomes pad as [B, 1, 1, S] with autosp.key_padding, and is_causal stays false (the
+// backend's bidirectional key padding kernel, O(S) bytes).
+// CHECK-LABEL: func.func @bidirectional_key_padding
+// CHECK: %[[U1:.*]] = torch.aten.unsqueeze %arg1, %{{.*}} -> !torch.vtensor<[2,1,?],i1>
+// CHECK: %[[U2:.*]] = torch.aten.unsqueeze %[[U1]], %{{.*}} -> !torch.vtensor<[2,1,1,?],i1>
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[U2]], %{{[^,]*}}, %false, %none, %false {autosp.key_padding}
+func.func @bidirectional_key_padding(%arg0: !torch.vtensor<[2,2,?,8],f32>, %arg1: !torch.vtensor<[2,?],i1>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %b = torch.aten.arange.start_step %int0, %int2, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[2],si64>
+  %b1 = torch.aten.unsqueeze %b, %int1 : !torch.vtensor<[2],si64>, !torch.int -> !torch.vtensor<[2,1],si64>
+  %b2 = torch.aten.unsqueeze %b1, %int2 : !torch.vtensor<[2,1],si64>, !torch.int -> !torch.vtensor<[2,1,1],si64>
+  %b3 = torch.aten.unsqueeze %b2, %int3 : !torch.vtensor<[2,1,1],si64>, !torch.int -> !torch.vtensor<[2,1,1,1],si64>
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int1 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %cols = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %list = torch.prim.ListConstruct %b3, %cols : (!torch.vtensor<[2,1,1,1],si64>, !torch.vtensor<[1,1,1,?],si64>) -> !torch.list<vtensor>
+  %kp = torch.aten.index.Tensor_hacked_twin %arg1, %list : !torch.vtensor<[2,?],i1>, !torch.list<vtensor> -> !torch.vtensor<[2,1,1,?],i1>
+  %sizes = torch.prim.ListConstruct %int2, %int1, %s, %s : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %m = torch.aten.expand %kp, %sizes, %false : !torch.vtensor<[2,1,1,?],i1>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}

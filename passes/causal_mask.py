@@ -36,6 +36,9 @@ never builds S x S). Two conjuncts over data are recognised beside that structur
   q - k`` and the comparison is rewritten to indices. Ids from ``cumsum(pos == 0)`` prove
   nothing about the steps between resets: kept.
 
+Key padding alone (no causal structure: an encoder's bidirectional mask) becomes the same
+[B, 1, 1, S] operand with ``autosp.key_padding``, ``is_causal`` left false.
+
 An offset (``k <= q + 1``), padding read at the query, or any other conjunct leaves a
 different formula and blocks the fold. Sampling the mask at a few lengths is not a proof: a
 window of 48 looks causal at every length up to 48.
@@ -104,6 +107,8 @@ class MaskProof:
     # keys are all padded gets the same score everywhere: softmax is uniform over every key
     # (eager attention's answer), not the zeros a boolean mask gives.
     empty_rows: EmptyRows | None = None
+    # True: the mask is key padding alone, no causal structure (an encoder: BERT, ViT)
+    bidirectional: bool = False
 
 
 def prove_causal(sdpa) -> MaskProof:
@@ -139,6 +144,15 @@ def prove_causal(sdpa) -> MaskProof:
     if allowed == causal:
         return MaskProof(True, "k <= q")
     padding = documents = None
+    if not isinstance(allowed, And) and value.rank == 4:  # key padding alone: an encoder's mask
+        rest, padding = _split_key_padding(And((allowed,)), k, mask, interpreter)
+        if padding is not None:
+            if finite is None:
+                return MaskProof(False, "key padding with an additive mask whose masking constant is too small "
+                                        "for an all-padded row's softmax to be uniform")
+            empty = EmptyRows.UNIFORM if isinstance(value, FloatTensor) and finite else None
+            return MaskProof(False, f"key padding {padding[0].get_name()}[b, k]{' != 0' if padding[1] else ''} "
+                                    "(bidirectional)", key_padding=padding, empty_rows=empty, bidirectional=True)
     if isinstance(allowed, And) and value.rank == 4:
         allowed, padding = _split_key_padding(allowed, k, mask, interpreter)
     if isinstance(allowed, And) and value.rank == 4:
@@ -346,7 +360,8 @@ def fold_causal_masks(module) -> int:
             op.operands[3] = _key_mask(op, padding, nonzero)
         else:
             op.operands[3] = none
-        op.operands[5] = true
+        if not proof.bidirectional:
+            op.operands[5] = true
         if proof.key_padding is not None:
             op.attributes[KEY_PADDING_ATTR] = ir.UnitAttr.get()
         if proof.key_padding is None:  # causal, windows and documents always allow the diagonal

@@ -209,6 +209,44 @@ def test_key_padding_runs_varlen_and_matches_eager(cuda, padding, empty_rows, _f
     assert cuda.calls == {"varlen": 2 if right else 1}, cuda.calls
 
 
+@pytest.mark.parametrize("padding", ["none", "left", "right", "both", "middle", "empty_row"])
+@pytest.mark.parametrize("empty_rows", [None, "uniform"])
+def test_bidirectional_key_padding_runs_one_varlen_launch_and_matches_eager(cuda, padding, empty_rows, _fresh_seed):
+    """An encoder's key padding (no causality): every query of a row attends to the row's
+    visible keys in one varlen launch; padding inside a row or an all-padded row falls
+    back to the efficient kernel with the broadcast mask. Same answer as eager under the
+    dense [B, 1, S, S] mask, on CUDA's branch (emulated) and on CPU."""
+    q, k, v = _inputs(seed=_fresh_seed)
+    b, _, s, _ = q.shape
+    pad = _padding(b, s, padding)
+    allowed = pad[:, None, None, :].expand(b, 1, s, s)
+
+    def mine(q, k, v):
+        return attention.key_padded_attention(q, k, v, pad[:, None, None, :], enable_gqa=True, empty_rows=empty_rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        err = _compare(mine, lambda q, k, v: _eager(q, k, v, allowed, empty_rows), q, k, v)
+    assert err <= TOL, (padding, empty_rows, err)
+    fallback = padding in ("middle", "empty_row")
+    assert cuda.calls == ({"dense efficient": 1} if fallback else {"varlen": 1}), cuda.calls
+    monkeypatch_cpu = pytest.MonkeyPatch()
+    monkeypatch_cpu.setattr(attention, "on_cuda", lambda t: False)
+    try:
+        err = _compare(mine, lambda q, k, v: _eager(q, k, v, allowed, empty_rows), q, k, v)
+    finally:
+        monkeypatch_cpu.undo()
+    assert err <= TOL, ("cpu", padding, empty_rows, err)
+
+
+def test_negative_control_bidirectional_key_padding_without_run_boundaries_fails(monkeypatch, _fresh_seed):
+    _emulate(monkeypatch, Emulated(ignore_runs=True))
+    q, k, v = _inputs(seed=_fresh_seed)
+    pad = _padding(2, 40, "both")
+    err = _compare(lambda q, k, v: attention.key_padded_attention(q, k, v, pad[:, None, None, :], enable_gqa=True),
+                   lambda q, k, v: _eager(q, k, v, pad[:, None, None, :].expand(2, 1, 40, 40)), q, k, v)
+    assert err > 1e-3
+
+
 def test_key_padding_inside_a_row_falls_back_to_the_efficient_kernel(cuda, _fresh_seed):
     q, k, v = _inputs(seed=_fresh_seed)
     pad = _padding(2, 40, "middle")

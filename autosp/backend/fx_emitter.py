@@ -259,8 +259,8 @@ class _Emitter:
         elif name == SDPA_OP and WINDOW_ATTR in op.attributes:  # a proven causal sliding window
             target = attention.sliding_window_attention  # (its mask operand: key padding, or none)
             kwargs["window"] = _attr_value(op.attributes[WINDOW_ATTR])
-        elif name == SDPA_OP and KEY_PADDING_ATTR in op.attributes:  # proven causal + key padding
-            target = attention.key_padded_causal_attention
+        elif name == SDPA_OP and KEY_PADDING_ATTR in op.attributes:  # proven key padding (causal or not)
+            target = attention.key_padded_attention
         elif name == SDPA_OP and EMPTY_ROWS_ATTR in op.attributes:  # a kept mask from fused eager attention
             target = attention.masked_attention
         elif name == SDPA_OP:  # the kernel named per device (CUDA: never the math kernel)

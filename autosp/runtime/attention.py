@@ -99,7 +99,7 @@ def masked_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
 
 
-def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, empty_rows):
+def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, empty_rows, causal: bool = True):
     """``out`` with each query that sees no key (all its keys padded) replaced as
     ``empty_rows`` says: None keeps SDPA's zeros; "uniform" is eager softmax attention
     under an additive mask whose masking constant swamps every score: every key gets the
@@ -110,6 +110,10 @@ def _empty_rows(out, query, key, value, key_padding, window, scale, enable_gqa, 
     no [S, S] scores."""
     if empty_rows is None:
         return out
+    if not causal:  # every query of a row sees the row's visible keys: empty only if there are none
+        visible = key_padding[:, 0, 0, :].to(torch.int32).sum(-1)  # [B]
+        empty = (visible == 0)[:, None, None, None].expand(-1, 1, query.shape[-2], 1)
+        return _replace_empty(out, query, key, value, empty, scale, enable_gqa, empty_rows)
     seen = torch.cumsum(key_padding[:, 0, 0, :].to(torch.int32), dim=-1)  # visible keys at or before q
     if window is not None and window < seen.shape[-1]:
         seen = seen - torch.nn.functional.pad(seen, (window, 0))[..., :seen.shape[-1]]
@@ -152,6 +156,51 @@ def key_padded_causal_attention(query, key, value, attn_mask=None, dropout_p=0.0
         raise ValueError("key_padded_causal_attention: a key padding mask, no dropout, is_causal=True")
     out = _key_padded_causal(query, key, value, attn_mask, scale, enable_gqa)
     return _empty_rows(out, query, key, value, attn_mask, None, scale, enable_gqa, empty_rows)
+
+
+def key_padded_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False, empty_rows=None):
+    """Attention under a [B, 1, 1, S] boolean key padding mask (key ``j`` of batch ``b``
+    visible only if ``attn_mask[b, 0, 0, j]``), causal or not (an encoder's mask, BERT's
+    [B, 1, S, S] from transformers' masking utilities, proven key padding alone), with
+    O(S) bytes. ``empty_rows`` as :func:`key_padded_causal_attention`."""
+    if is_causal:
+        return key_padded_causal_attention(query, key, value, attn_mask, dropout_p, True, scale, enable_gqa,
+                                           empty_rows)
+    if attn_mask is None or dropout_p != 0.0:
+        raise ValueError("key_padded_attention: a key padding mask, no dropout")
+    if on_cuda(query):
+        out = _key_padded_cuda_bidirectional(query, key, value, attn_mask, scale)
+    else:  # the fused CPU kernel with the broadcast [B, 1, 1, S] mask (kept for backward: O(S))
+        out = _attend(query, key, value, _key_bias(attn_mask, query), scale, enable_gqa)
+    return _empty_rows(out, query, key, value, attn_mask, None, scale, enable_gqa, empty_rows, causal=False)
+
+
+def _key_padded_cuda_bidirectional(query, key, value, attn_mask, scale):
+    """Key padding without causality on CUDA: every query of a row attends to the row's
+    visible keys, packed, in one varlen flash launch (queries: whole rows; keys: the
+    visible runs). Padding inside a row, or dtypes flash refuses, fall back to the
+    efficient kernel with the broadcast mask (warned)."""
+    b, _, s, _ = query.shape
+    runs = _visible_runs(attn_mask)
+    why = kernels.flash_ok(query) or (None if runs is not None else
+                                      "key padding inside a row (not only left or right padding)")
+    if why is None and any(z == a for a, z in runs or []):
+        why = "a row with every key padded (its queries see nothing)"
+    if why is not None:
+        kernels.fallback("key padding attention", why,
+                         "the memory-efficient kernel runs with the broadcast [B, 1, 1, S] mask (O(S) bytes; with "
+                         "GQA the keys and values are repeated per query head)")
+        return kernels.dense(query, key, value, causal=False, scale=scale, bias=_key_bias(attn_mask, query))
+    assert runs is not None
+    qp, kp, vp = kernels.pack(query), kernels.pack(key), kernels.pack(value)
+    dev = query.device
+    lengths = [z - a for a, z in runs]
+    idx = torch.cat([torch.arange(r * s + a, r * s + z, device=dev) for r, (a, z) in enumerate(runs)])
+    cu_q, cu_k = kernels.cumulative([s] * b, dev), kernels.cumulative(lengths, dev)
+    out = kernels.varlen(qp, kp.index_select(0, idx), vp.index_select(0, idx), cu_q, cu_k, s, max(lengths),
+                         causal=False, scale=scale)
+    return kernels.unpack(out, b, s)
 
 
 def _key_padded_causal(query, key, value, attn_mask, scale, enable_gqa):
