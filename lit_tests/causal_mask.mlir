@@ -920,3 +920,49 @@ func.func @bidirectional_key_padding(%arg0: !torch.vtensor<[2,2,?,8],f32>, %arg1
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
   return %0 : !torch.vtensor<[2,2,?,8],f32>
 }
+
+// -----
+
+// The same padding as a one-row mask ([B, 1, 1, S], as encoders written by hand pass it):
+// the same row for every query, allowed because the formula reads no query index.
+// CHECK-LABEL: func.func @one_row_key_padding
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %{{[0-9]+}}, %{{[^,]*}}, %false, %none, %false {autosp.key_padding}
+func.func @one_row_key_padding(%arg0: !torch.vtensor<[2,2,?,8],f32>, %arg1: !torch.vtensor<[2,?],i1>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %arg0, [%s], affine_map<()[s0] -> (2, 2, s0, 8)> : !torch.vtensor<[2,2,?,8],f32>
+  torch.bind_symbolic_shape %arg1, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],i1>
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %u1 = torch.aten.unsqueeze %arg1, %int1 : !torch.vtensor<[2,?],i1>, !torch.int -> !torch.vtensor<[2,1,?],i1>
+  %m = torch.aten.unsqueeze %u1, %int2 : !torch.vtensor<[2,1,?],i1>, !torch.int -> !torch.vtensor<[2,1,1,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,1,1,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}
+
+// -----
+
+// A one-row mask that is not key padding alone (it reads the query index 0 for every
+// query: causal at row 0 only): kept.
+// CHECK-LABEL: func.func @one_row_causal_kept
+// CHECK: torch.aten.scaled_dot_product_attention {{.*}} {autosp.mask_kept =
+func.func @one_row_causal_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %le = torch.aten.le.Scalar %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?],i1>
+  %u0 = torch.aten.unsqueeze %le, %int0 : !torch.vtensor<[?],i1>, !torch.int -> !torch.vtensor<[1,?],i1>
+  %u1 = torch.aten.unsqueeze %u0, %int1 : !torch.vtensor<[1,?],i1>, !torch.int -> !torch.vtensor<[1,1,?],i1>
+  %m = torch.aten.unsqueeze %u1, %int2 : !torch.vtensor<[1,1,?],i1>, !torch.int -> !torch.vtensor<[1,1,1,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,1,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}

@@ -129,7 +129,10 @@ def prove_causal(sdpa) -> MaskProof:
         # SDPA broadcasts the mask: a mask dim of runtime size 1 would repeat row (or
         # column) 0, so the mask must provably span the query and key lengths.
         mask_q, mask_k = interpreter.shape(mask)[-2:]
-        if mask_q != dim_sizes(query)[-2] or mask_k != dim_sizes(key)[-2]:
+        # A mask of one row ([B, 1, 1, S]: an encoder's key padding as written by hand) is
+        # the same row for every query: allowed only for a formula that does not read q.
+        one_row = mask_q == Lin((), 1) and mask_q != dim_sizes(query)[-2]
+        if (mask_q != dim_sizes(query)[-2] and not one_row) or mask_k != dim_sizes(key)[-2]:
             return MaskProof(False, "cannot prove the mask spans the query and key lengths")
     except NotProven as e:
         return MaskProof(False, str(e))
@@ -141,6 +144,9 @@ def prove_causal(sdpa) -> MaskProof:
     if isinstance(found, MaskProof):
         return found
     allowed, finite = found
+    if one_row and (isinstance(allowed, And) or _split_key_padding(And((allowed,)), k, mask, interpreter)[1] is None):
+        return MaskProof(False, "cannot prove the mask spans the query and key lengths (one row, and not key "
+                                "padding alone)")
     if allowed == causal:
         return MaskProof(True, "k <= q")
     padding = documents = None
