@@ -348,3 +348,40 @@ func.func @gather_folded_rows(%w: !torch.vtensor<[64,32],f32> {autosp.parameter 
   torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
   return %y : !torch.vtensor<[?,4],f32>
 }
+
+// -----
+
+// scatter_add of this rank's routed tokens (index and src sharded along the scattered dim)
+// into proven zeros: the parts' scatters add up, a local scatter plus an all_reduce (the
+// aux loss's masked counts).
+// CHECK-LABEL: func.func @scatter_add_into_zeros
+// CHECK: %[[Z:.*]] = torch.aten.zeros
+// CHECK: %[[C:.*]] = torch.aten.scatter_add %[[Z]]
+// CHECK-NEXT: %[[CT:.*]] = "autosp.all_reduce"(%[[C]]) {group = "sp", reduce_op = "sum"}
+// CHECK: return %[[CT]]
+func.func @scatter_add_into_zeros(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                  %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[4],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int4 = torch.constant.int 4
+  %int6 = torch.constant.int 6
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %cpu = torch.constant.device "cpu"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %src = torch.aten.view %e, %lr : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %src, [%s], affine_map<()[s0] -> (s0 * 64)> : !torch.vtensor<[?],f32>
+  %idx = torch.aten.remainder.Scalar %src, %int4 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %idx, [%s], affine_map<()[s0] -> (s0 * 64)> : !torch.vtensor<[?],f32>
+  %idx64 = torch.aten.to.dtype %idx, %int4, %false, %false, %none : !torch.vtensor<[?],f32>, !torch.int, !torch.bool, !torch.bool, !torch.none -> !torch.vtensor<[?],si64>
+  torch.bind_symbolic_shape %idx64, [%s], affine_map<()[s0] -> (s0 * 64)> : !torch.vtensor<[?],si64>
+  %l4 = torch.prim.ListConstruct %int4 : (!torch.int) -> !torch.list<int>
+  %z = torch.aten.zeros %l4, %int6, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[4],f32>
+  %c = torch.aten.scatter_add %z, %int0, %idx64, %src : !torch.vtensor<[4],f32>, !torch.int, !torch.vtensor<[?],si64>, !torch.vtensor<[?],f32> -> !torch.vtensor<[4],f32>
+  return %c : !torch.vtensor<[4],f32>
+}

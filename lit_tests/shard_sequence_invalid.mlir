@@ -441,3 +441,62 @@ func.func @random_like_a_shard(%w: !torch.vtensor<[64,32],f32> {autosp.parameter
   torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
   return %u : !torch.vtensor<[2,?,32],f32>
 }
+
+// -----
+
+// scatter_add into a target that is not proven zero (a parameter): each rank would add it
+// once more after the all-reduce.
+func.func @scatter_add_into_a_parameter(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                        %t: !torch.vtensor<[4],f32> {autosp.parameter = "t"},
+                                        %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[4],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %src = torch.aten.view %e, %lr : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %src, [%s], affine_map<()[s0] -> (s0 * 64)> : !torch.vtensor<[?],f32>
+  %idx = torch.aten.view %ids, %lr : !torch.vtensor<[2,?],si64>, !torch.list<int> -> !torch.vtensor<[?],si64>
+  torch.bind_symbolic_shape %idx, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],si64>
+  // expected-error@+1 {{scatter-adds sequence-sharded values into a target autosp cannot prove zero}}
+  %c = torch.aten.scatter_add %t, %int0, %idx, %src : !torch.vtensor<[4],f32>, !torch.int, !torch.vtensor<[?],si64>, !torch.vtensor<[?],f32> -> !torch.vtensor<[4],f32>
+  return %c : !torch.vtensor<[4],f32>
+}
+
+// -----
+
+// A replicated value whose flattened rows have the sequence outside an inner dim
+// ([B*S, 2] -> [B*S*2], as mask.repeat_interleave(2)) cannot be sliced as the rank's rows:
+// refused rather than sliced wrongly.
+func.func @fold_with_inner_dim(%w: !torch.vtensor<[64,2],f32> {autosp.parameter = "w"},
+                               %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                               %mask: !torch.vtensor<[2,?],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?],f32> {
+  %int-1 = torch.constant.int -1
+  %int2 = torch.constant.int 2
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  torch.bind_symbolic_shape %mask, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,2],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,2],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 2)> : !torch.vtensor<[2,?,2],f32>
+  %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %flat = torch.aten.view %e, %lr : !torch.vtensor<[2,?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %flat, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
+  %m1 = torch.aten.view %mask, %lr : !torch.vtensor<[2,?],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %m1, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
+  %l2 = torch.prim.ListConstruct %int-1, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  %u = torch.aten.unsqueeze %m1, %int-1 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?,1],f32>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (s0 * 2, 1)> : !torch.vtensor<[?,1],f32>
+  %x = torch.aten.expand %u, %l2, %false : !torch.vtensor<[?,1],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[?,2],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 2)> : !torch.vtensor<[?,2],f32>
+  %r = torch.aten.view %x, %lr : !torch.vtensor<[?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %r, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
+  // expected-error@+1 {{whose rows fold the sequence with other dims as}}
+  %y = torch.aten.mul.Tensor %flat, %r : !torch.vtensor<[?],f32>, !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
+  return %y : !torch.vtensor<[?],f32>
+}

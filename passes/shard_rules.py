@@ -108,7 +108,7 @@ def op_class(op) -> OpClass:
         if inner in ops.COUNTING_OPS:
             return OpClass.SUM
         return OpClass.POINTWISE if inner in ops.TOKEN_WISE_OPERATORS else OpClass.OPAQUE
-    if name in ops.SUM_OPS:
+    if name in ops.SUM_OPS or name in ops.SCATTER_SUM_OPS:
         return OpClass.SUM
     if name == ops.SLICE_OP:
         return OpClass.SLICE
@@ -257,6 +257,9 @@ class Rules:
             if kind is OpClass.SUM and _schema_name(op) in ops.COUNTING_OPS:
                 self.check_fixed_bins(op)
                 return Decision(REPLICATED, Action.ALL_REDUCE)  # counts over a partition add up
+            if kind is OpClass.SUM and op_name(op) in ops.SCATTER_SUM_OPS:
+                self.check_scatter_of_tokens(op, layouts)
+                return Decision(REPLICATED, Action.ALL_REDUCE)  # the tokens' scatters into zeros add up
             along = self.sequence_dims_along(op)
             if kind is OpClass.SUM and (along or not ops.dim_operands(op_name(op))):
                 # proven: the sum's dims name the sequence (torch.aten.sum sums every dim)
@@ -312,6 +315,21 @@ class Rules:
             raise DiagnosticError.at(op, f"is '{_schema_name(op)}', an op torch-mlir keeps opaque; autosp does not "
                                          "know what it does along the sequence, so it cannot shard it (ops with "
                                          f"stated semantics: {', '.join(ops.TOKEN_WISE_OPERATORS + ops.COUNTING_OPS)})")
+
+    def check_scatter_of_tokens(self, op, layouts) -> None:
+        """``scatter_add(target, dim, index, src)`` splits over the tokens as local scatters
+        plus an all-reduce only when the target is proven zero (else each rank adds it
+        once more), replicated, and the sharded index scatters along its sequence dim."""
+        target, dim_value, index = op.operands[0], op.operands[1], op.operands[2]
+        if not _is_zeros(target) or isinstance(layouts[0], SequenceSharded):
+            raise DiagnosticError.at(op, "scatter-adds sequence-sharded values into a target autosp cannot prove "
+                                         "zero; each rank would add the target once more: scatter into zeros and "
+                                         "add the target after")
+        dim = const_int(dim_value)
+        seq = self.info.seq_dims(index)
+        if dim is None or len(seq) != 1 or dim % max(1, len(self.info.dims.get(index) or ())) != seq[0]:
+            raise DiagnosticError.at(op, "scatter-adds along a dimension that is not the sequence of its index; "
+                                         "autosp cannot split it over the tokens")
 
     def check_fixed_bins(self, op) -> None:
         """``histc(x, bins, min, max)`` adds up over any split of ``x`` only with a fixed range
@@ -445,6 +463,28 @@ def list_items(value) -> list:
 def is_tensor(value) -> bool:
     """Is ``value`` a tensor (or a list of tensors)?"""
     return "vtensor" in str(value.type)
+
+
+def _is_zeros(value) -> bool:
+    """Is ``value`` proven all zeros from its producer (zeros, new_zeros, zeros_like, full or
+    fill with 0, or a broadcast of a zero literal)?"""
+    owner = producer(value)
+    if owner is None:
+        return False
+    name = op_name(owner)
+    if name in ("torch.aten.zeros", "torch.aten.new_zeros", "torch.aten.zeros_like"):
+        return True
+    if name in ("torch.aten.full", "torch.aten.new_full", "torch.aten.full_like", "torch.aten.fill.Scalar"):
+        fill = owner.operands[1]
+        return const_float(fill) == 0.0
+    if name in ("torch.aten.broadcast_to", "torch.aten.expand", "torch.aten.clone", "torch.aten._to_copy",
+                "torch.aten.to.dtype"):
+        return _is_zeros(owner.operands[0])
+    if name == "torch.vtensor.literal":
+        attr = owner.attributes["value"]
+        return isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and str(attr.get_splat_value()).startswith(
+            ("0.0", "0 ", "0:", "false")) or str(attr).startswith(("dense<0.0", "dense<0>", "dense<0.000"))
+    return False
 
 
 def _schema_name(op) -> str:

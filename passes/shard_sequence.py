@@ -147,6 +147,15 @@ class _Rewriter:
             raise DiagnosticError.at(op, f"needs operand {value.type} sliced along its sequence dim {dim} "
                                          f"(size {length if length is not None else '?'}), which does not match "
                                          f"the window {window.length} of the sharded operands")
+        if length.a > 1:  # rows folding the sequence with other dims: the sequence must be innermost
+            merged = _folded_rows(value, dim)
+            if merged is None or merged[-1] is not None:
+                how = ("in an order autosp cannot read from the IR" if merged is None else
+                       f"as {merged} (None: the sequence), not innermost")
+                raise DiagnosticError.at(op, f"needs operand {value.type} sliced along dim {dim}, whose rows fold the "
+                                             f"sequence with other dims {how}; each rank's slice would take other "
+                                             "rows than its own (e.g. a repeat_interleave of a flattened mask): "
+                                             "compute it from the sharded values instead")
         with ir.InsertionPoint(op), op.location:
             return b.autosp_op(SHARD, [value, self.seq_len], value.type, dim=dim, lo=window.lo,
                                trim=window.trim, group=self.group)
@@ -362,6 +371,9 @@ class _Propagation:
             assert decision.index_dim is not None, decision  # Rules sets it with LOCAL_INDEX
             self.rewriter.localise_index(op, decision.index_dim, decision.sharded().window, self.layouts)
         elif decision.action is Action.ALL_REDUCE:
+            windows = {lay.window for lay in (self.layout(v) for v in op.operands) if isinstance(lay, SequenceSharded)}
+            if op_name(op) in ops.SCATTER_SUM_OPS and windows:  # a replicated src: this rank's tokens of it
+                self.rewriter.shard_operands(op, windows.pop(), self.layouts)
             self.from_sequence_sums[self.rewriter.all_reduce(op)] = op
         elif decision.action is Action.REWINDOW:
             # Rules rewindows only a slice of a sequence-sharded operand, and gives the new window.

@@ -77,6 +77,9 @@ RANDOM_OPS = ("torch.aten.uniform", "torch.aten.normal_functional", "torch.aten.
 # Opaque ops (torch.operator: torch-mlir has no op of its own) whose semantics autosp states.
 # Counting every element into fixed bins: over a split of the input, the parts' counts add up.
 COUNTING_OPS = ("torch.aten.histc",)
+# Scatter-adds into a target: over a split of (index, src) along the scattered dim, the
+# parts' scatters into zeros add up (the target must be proven zero: it would count P times).
+SCATTER_SUM_OPS = ("torch.aten.scatter_add",)
 # Row-wise over the leading dim of their tensor inputs (autosp.hf.experts: MoE experts).
 TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
 # Ops whose operand 1 is a list of sizes of the result.
