@@ -11,7 +11,7 @@ func.func @kept_mask(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]"
   %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
   torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
   torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (1, 1, s0, s0)> : !torch.vtensor<[1,1,?,?],f32>
-  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its mask is not one autosp-causal-mask proved causal, documents or a window}}
+  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its mask is not one autosp-causal-mask proved causal, documents, key padding or a window}}
   %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %m, %float0, %false, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[1,1,?,?],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }
@@ -48,5 +48,24 @@ func.func @dynamic_causal(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "arg
   torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
   // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its is_causal is not a constant}}
   %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %none, %float0, %c, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// Key padding whose fully masked rows follow eager attention's rule (the mean of every
+// rank's values): the ring gives such rows zeros, so it refuses rather than differ.
+func.func @padding_empty_rows(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                              %pad: !torch.vtensor<[2,1,1,?],i1> {autosp.input = "args[1]"})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %pad, [%s], affine_map<()[s0] -> (2, 1, 1, s0)> : !torch.vtensor<[2,1,1,?],i1>
+  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its queries whose keys are all masked attend as eager attention's 'uniform' rule says}}
+  %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %pad, %float0, %true, %none, %false {autosp.key_padding, autosp.empty_rows = "uniform"} : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,1,1,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }

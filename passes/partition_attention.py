@@ -22,9 +22,11 @@ on ``<group>:ring`` (q, k, v sequence-sharded, K/V blocks travelling the ring in
 op). ``auto`` prices every mesh the heads allow with :func:`autosp.planning.strategy.choose`
 (``ranks-per-node``, ``seq-len``); the module gets ``autosp.sp_layout`` (the layout the
 runtime shards the sequence in: zigzag whenever ring > 1) and ``autosp.sp_choice`` (why).
-Ring attention takes SDPA with no mask, a proven sliding window or proven documents; other
-masks and hand-written attention keep ``auto`` on Ulysses and make a forced ring an error
-at the op.
+Ring attention takes SDPA with no mask, a proven sliding window, proven documents or proven
+key padding (causal or not: the [B, 1, 1, S] padding becomes the op's ``mask`` operand with
+``key_padding = 1``, replicated, read by position); other masks, key padding whose fully
+masked rows follow eager attention's ``autosp.empty_rows`` rule, and hand-written attention
+keep ``auto`` on Ulysses and make a forced ring an error at the op.
 """
 from __future__ import annotations
 
@@ -83,7 +85,8 @@ class PartitionAttention(ModulePass):
 
         // sp-size=4 strategy=ring (module: autosp.sp_layout = "ulysses=1 ring=4 zigzag")
         %o = "autosp.ring_attention"(%q, %k, %v, %S) {group = "sp:ring", is_causal = 1 : i64,
-                 scale = 0.000000e+00 : f64, window = 0 : i64} : (...) -> !torch.vtensor<[2,4,?,8],f32>
+                 key_padding = 0 : i64, scale = 0.000000e+00 : f64, window = 0 : i64}
+                 : (...) -> !torch.vtensor<[2,4,?,8],f32>
     """
 
     name: ClassVar[str] = "autosp-partition-attention"
@@ -118,10 +121,12 @@ def ring_blocker(op, kind: str) -> str | None:
     if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
-    if KEY_PADDING_ATTR in op.attributes or EMPTY_ROWS_ATTR in op.attributes:
-        return "its mask keeps key padding (ring attention takes causal, document and window masks)"
-    if DOCUMENTS_ATTR not in op.attributes and not is_none(mask):
-        return "its mask is not one autosp-causal-mask proved causal, documents or a window"
+    if EMPTY_ROWS_ATTR in op.attributes:
+        return (f"its queries whose keys are all masked attend as eager attention's "
+                f"'{ir.StringAttr(op.attributes[EMPTY_ROWS_ATTR]).value}' rule says (a mean over every rank's values); "
+                "the ring gives them zeros (SDPA's boolean-mask answer: attn_implementation='sdpa')")
+    if DOCUMENTS_ATTR not in op.attributes and KEY_PADDING_ATTR not in op.attributes and not is_none(mask):
+        return "its mask is not one autosp-causal-mask proved causal, documents, key padding or a window"
     if WINDOW_ATTR in op.attributes and DOCUMENTS_ATTR in op.attributes:
         return "it combines documents with a sliding window"
     if not is_none(op.operands[4]) and const_float(op.operands[4]) != 0.0:
@@ -287,10 +292,11 @@ def to_ring(op, group: str, seq_len: ir.Value) -> None:
     causal = bool(const_bool(op.operands[5]))
     window = ir.IntegerAttr(op.attributes[WINDOW_ATTR]).value if WINDOW_ATTR in op.attributes else 0
     scale = const_float(op.operands[6]) or 0.0  # (none: 0.0, the op's spelling of 1/sqrt(D))
-    operands = [q, k, v, seq_len] + ([mask] if DOCUMENTS_ATTR in op.attributes else [])
+    padded = KEY_PADDING_ATTR in op.attributes
+    operands = [q, k, v, seq_len] + ([mask] if DOCUMENTS_ATTR in op.attributes or padded else [])
     with ir.InsertionPoint(op), op.location:
         ring = b.autosp_op(RING_ATTENTION, operands, op.results[0].type, is_causal=int(causal), window=window,
-                           scale=float(scale), group=group)
+                           scale=float(scale), group=group, key_padding=int(padded))
     op.results[0].replace_all_uses_with(ring)
     op.erase()
 

@@ -348,11 +348,13 @@ def test_plain_causal_sdpa_runs_flash(cuda, _fresh_seed):
     assert cuda.calls == {"dense flash": 1}, cuda.calls  # the backward: autograd through the emulation
 
 
-@pytest.mark.parametrize("docs,window", [(False, None), (True, None), (False, 5), (True, 5)])
-def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, _fresh_seed):
+@pytest.mark.parametrize("docs,window,pad", [(False, None, False), (True, None, False), (False, 5, False),
+                                              (True, 5, False), (False, None, True), (False, 5, True)])
+def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, pad, _fresh_seed):
     """One ring rank holding the sequence as permuted pieces: full, diagonal and masked
     pairs run the CUDA kernels (forward and the explicit backward at the merged output and
-    log-sum-exp) and match eager attention over the whole sequence."""
+    log-sum-exp) and match eager attention over the whole sequence (with key padding:
+    left padding, so the first queries see no key and get zeros)."""
     s = 24
     pieces = [[(12, 24), (0, 5), (5, 12)]]
     q, k, v = _inputs(b=2, hq=4, hkv=2, s=s, seed=_fresh_seed)
@@ -364,9 +366,15 @@ def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, _fresh_see
         allowed = allowed & (i[:, None] - i[None, :] < window)[None, None]
     if ids is not None:
         allowed = allowed & (ids[:, None, :, None] == ids[:, None, None, :])
+    keep = None
+    if pad:
+        keep = torch.ones(2, s, dtype=torch.bool)
+        keep[1, :7] = False
+        allowed = allowed & keep[:, None, None, :]
     idx = torch.cat([torch.arange(a, z) for a, z in pieces[0]])
     local = [t.detach()[:, :, idx].clone().requires_grad_() for t in (q, k, v)]
-    out = ring.ring_attention(*local, pieces=pieces, group="ring_r1", is_causal=True, doc_ids=ids, window=window)
+    out = ring.ring_attention(*local, pieces=pieces, group="ring_r1", is_causal=True, doc_ids=ids, window=window,
+                              key_padding=keep)
     expected = _eager(q, k, v, allowed)
     grad = torch.randn_like(expected)
     (out * grad[:, :, idx]).sum().backward()
@@ -374,7 +382,7 @@ def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, _fresh_see
     assert (out - expected.detach()[:, :, idx]).abs().max() <= TOL
     for mine, full in zip(local, (q, k, v)):
         assert (mine.grad - full.grad[:, :, idx]).abs().max() <= TOL
-    kernel = "efficient" if docs or window else "flash"  # masked pairs: the efficient kernel with their mask
+    kernel = "efficient" if docs or window or pad else "flash"  # masked pairs: the efficient kernel with their mask
     assert cuda.calls.get(f"dense {kernel}", 0) >= 2 and cuda.calls.get(f"dense {kernel} backward", 0) >= 2, \
         cuda.calls
 

@@ -4,7 +4,8 @@ transformers' BERT builds a bidirectional [B, 1, S, S] mask from ``attention_mas
 ``autosp-causal-mask`` proves it is key padding alone and hands the SDPA op the [B, 1, 1, S]
 padding (``autosp.key_padding``, is_causal false), run by ``key_padded_attention`` in O(S):
 no S x S mask is kept. Loss, gathered logits and every gradient against single-device
-eager at P = 2 (S = 15) and P = 4 (S = 19) with right padding, then 3 AdamW steps; bytes
+eager at P = 2 (S = 15) and P = 4 (S = 19) with right padding, and as a ring at P = 2
+(the padding an operand of ``autosp.ring_attention``), then 3 AdamW steps; bytes
 kept for backward grow at most 2.3x from S to 2S. Negative control: a kernel that drops
 the padding breaks parity.
 
@@ -53,7 +54,7 @@ def _grad_error(model, reference) -> float:
     return worst
 
 
-def _body(rank, world, queue, seq, seed, drop_padding):
+def _body(rank, world, queue, seq, seed, drop_padding, options=None):
     import autosp
     from autosp.planning.memory import SavedTensors
     from autosp.runtime import attention
@@ -66,7 +67,7 @@ def _body(rank, world, queue, seq, seed, drop_padding):
         torch.manual_seed(seed)
         model = _bert()
         reference = copy.deepcopy(model)
-        compiled = autosp.compile(model, gather_outputs=True)
+        compiled = autosp.compile(model, gather_outputs=True, **(options or {}))
         gen = torch.Generator().manual_seed(seed)
         opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
@@ -92,7 +93,8 @@ def _body(rank, world, queue, seq, seed, drop_padding):
             if drop_padding:
                 break
         ir = compiled.programs[0].mlir["transformed"]
-        result = {"steps": steps, "key_padding": ir.count("autosp.key_padding"), "kept": ir.count("autosp.mask_kept")}
+        result = {"steps": steps, "key_padding": ir.count("autosp.key_padding") + ir.count("key_padding = 1 : i64"),
+                  "kept": ir.count("autosp.mask_kept"), "rings": ir.count('"autosp.ring_attention"')}
         if not drop_padding:
             saved = []
             for s in (2 * seq, 4 * seq):
@@ -106,14 +108,16 @@ def _body(rank, world, queue, seq, seed, drop_padding):
         attention.key_padded_attention = original
 
 
-@pytest.mark.parametrize("world,seq", [(2, 15), (4, 19)])
-def test_bert_with_key_padding_matches_single_device_without_an_s_by_s_mask(world, seq, _fresh_seed):
-    results = run_ranks(_body, world, args=(seq, _fresh_seed % 10000, False), timeout=600)
+@pytest.mark.parametrize("world,seq,strategy", [(2, 15, None), (4, 19, None), (2, 15, "ring")])
+def test_bert_with_key_padding_matches_single_device_without_an_s_by_s_mask(world, seq, strategy, _fresh_seed):
+    options = {"sp_strategy": strategy} if strategy else {}
+    results = run_ranks(_body, world, args=(seq, _fresh_seed % 10000, False, options), timeout=600)
     for rank, r in results.items():
         where = f"rank {rank}, P={world}: {r}"
         for errors in r["steps"]:
             assert max(errors.values()) <= TOL, where
         assert r["key_padding"] == 2 and r["kept"] == 0, where  # both layers: the padding proven, no mask kept
+        assert r["rings"] == (2 if strategy == "ring" else 0), where  # (ring: the padding travels in the op)
         assert r["saved_growth"] <= 2.3, where
 
 

@@ -8,7 +8,8 @@ split it), MQA with one KV head at P = 4 as a pure ring (no KV head repeated), G
 P = 4 as hybrid 2 x 2, the same three forced to ring at P = 2; packed documents (a
 hand-written model's mask and Hugging Face Llama's from ``position_ids``) under ring and
 hybrid; Mistral's sliding window and GPT-2's eager attention under a ring, Qwen2 on a
-hybrid; rings of 2 in two data-parallel replicas; checkpointing (sac, sac-min, full) on
+hybrid; Llama with left padding (key padding, proven, inside the ring: its first queries
+see no key); rings of 2 in two data-parallel replicas; checkpointing (sac, sac-min, full) on
 some. Token ids arrive as views; the user's plain model still matches after compiling it
 twice (gathered and local outputs). Negative controls: a ring rank that masks with the
 wrong rank's positions, and attention without the ring's sends, both break parity.
@@ -41,7 +42,8 @@ CONFIGS = {
         ("mqa_ring", dict(heads=4, kv_heads=1), dict(sp_strategy="ring", checkpointing="sac-min"), (16, 13)),
         ("gqa_ring", dict(heads=4, kv_heads=2), dict(sp_strategy="ring", checkpointing="full"), (16, 14)),
         ("hf_mistral_window", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (24, 21)),
-        ("hf_gpt2_eager", dict(heads=4, kv_heads=4), dict(sp_strategy="ring"), (16, 15))],
+        ("hf_gpt2_eager", dict(heads=4, kv_heads=4), dict(sp_strategy="ring"), (16, 15)),
+        ("hf_llama_left_pad", dict(heads=4, kv_heads=2), dict(sp_strategy="ring"), (16, 15))],
 }
 
 
@@ -76,6 +78,10 @@ def _batch(name: str, seq: int, gen: torch.Generator) -> dict:
         kwargs["document_ids"] = doc
     elif name in ("hf_mistral_window", "hf_qwen2", "hf_gpt2_eager"):
         kwargs.update(use_cache=False)
+    elif name == "hf_llama_left_pad":  # key padding under a causal mask: row 1's first queries see no key
+        mask = torch.ones(2, seq, dtype=torch.long)
+        mask[1, :cuts[0] + 1] = 0
+        kwargs.update(attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False)
     elif name.startswith("hf_"):
         pos = torch.arange(seq)
         for c in cuts:
@@ -131,7 +137,8 @@ def _run_config(name, model_kwargs, options, seqs, seed):
     result["ring_ops"] = transformed.count('"autosp.ring_attention"')
     result["repeats"] = transformed.count("repeat_interleave")
     ring_kv = [line for line in transformed.splitlines() if '"autosp.ring_attention"' in line]
-    result["documents"] = sum("!torch.int, !torch.vtensor" in line for line in ring_kv)  # a doc_ids operand
+    result["key_padding"] = sum("key_padding = 1 : i64" in line for line in ring_kv)  # its mask: the padding
+    result["documents"] = sum("!torch.int, !torch.vtensor" in line for line in ring_kv) - result["key_padding"]
     result["windows"] = sum(f"window = {WINDOW} : i64" in line for line in ring_kv)
     result["ring_kv_types"] = sorted({line.split(" : (")[1].split(", ")[1] for line in ring_kv})
     opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
@@ -190,6 +197,7 @@ def test_ring_and_hybrid_match_single_device(world, _fresh_seed):
                 assert r["documents"] == 2, where
             if name == "hf_mistral_window":  # the window runs inside the ring, proven from the mask
                 assert r["windows"] == 2, where
+            assert r["key_padding"] == (2 if name == "hf_llama_left_pad" else 0), where
 
 
 def _broken_ring_body(rank, world, queue, seed, mode):
@@ -202,7 +210,7 @@ def _broken_ring_body(rank, world, queue, seed, mode):
     def lying(q, k, v, *, pieces, **kw):  # each rank masks as if it held the next rank's rows
         return original(q, k, v, pieces=pieces[1:] + pieces[:1], **kw)
 
-    def no_ring(q, k, v, seq_len, doc_ids=None, *, is_causal, window, scale, group):  # K/V never travel
+    def no_ring(q, k, v, seq_len, mask=None, *, is_causal, window, scale, group, key_padding=0):  # K/V never travel
         return F.scaled_dot_product_attention(q, k, v, is_causal=bool(is_causal), enable_gqa=True)
 
     if mode == "positions":

@@ -36,11 +36,11 @@ def _positions(ranges) -> torch.Tensor:
     return torch.cat([torch.arange(a, b) for a, b in ranges] + [torch.zeros(0, dtype=torch.long)])
 
 
-def case(name, S, pieces, *, B=2, Hq=2, Hkv=2, D=8, causal=True, window=None, docs=False, math=False,
-         data_pieces=None, transposed=False, ring_ranks=None, seed=0):
+def case(name, S, pieces, *, B=2, Hq=2, Hkv=2, D=8, causal=True, window=None, docs=False, pad=False,
+         math=False, data_pieces=None, transposed=False, ring_ranks=None, seed=0, drop_pad=False):
     return dict(name=name, S=S, pieces=pieces, B=B, Hq=Hq, Hkv=Hkv, D=D, causal=causal, window=window,
-                docs=docs, math=math, data_pieces=data_pieces or pieces, transposed=transposed,
-                ring_ranks=ring_ranks, seed=seed)
+                docs=docs, pad=pad, math=math, data_pieces=data_pieces or pieces, transposed=transposed,
+                ring_ranks=ring_ranks, seed=seed, drop_pad=drop_pad)
 
 
 def _seeded(cases, base: int) -> list:
@@ -60,10 +60,16 @@ def _inputs(c):
     if c["docs"]:  # packed documents of random lengths, different per batch row
         docs = torch.stack([torch.randint(0, 3, (S,), generator=g).sort().values for _ in range(B)])
         docs[:, S // 2:] += 3 * torch.randint(0, 2, (B, 1), generator=g)  # and a break mid-sequence
-    return q, k, v, w, docs
+    keep = None
+    if c["pad"]:  # key padding: row 0 right-padded, row 1 left-padded (its first queries see no key)
+        keep = torch.ones(B, S, dtype=torch.bool)
+        cut = 1 + int(torch.randint(0, S // 2, (1,), generator=g))
+        keep[0, S - cut:] = False
+        keep[-1, :cut] = False
+    return q, k, v, w, docs, keep
 
 
-def _reference(c, q, k, v, w, docs):
+def _reference(c, q, k, v, w, docs, keep):
     S = c["S"]
     i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
     mask = torch.ones(S, S, dtype=torch.bool)
@@ -74,6 +80,8 @@ def _reference(c, q, k, v, w, docs):
     mask = mask[None, None]
     if docs is not None:
         mask = mask & (docs[:, :, None] == docs[:, None, :])[:, None]
+    if keep is not None:
+        mask = mask & keep[:, None, None, :]
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, attn_mask=mask, enable_gqa=True)
     (out * w.double()).sum().backward()
@@ -81,8 +89,10 @@ def _reference(c, q, k, v, w, docs):
 
 
 def _run_case(c, rank: int, group: str, ring_rank: int):
-    q, k, v, w, docs = _inputs(c)
-    ref = _reference(c, q, k, v, w, docs)
+    q, k, v, w, docs, keep = _inputs(c)
+    ref = _reference(c, q, k, v, w, docs, keep)
+    if c["drop_pad"]:  # negative control: the ring is not told the padding
+        keep = None
     idx = _positions(c["data_pieces"][ring_rank])
 
     def local(t):
@@ -95,7 +105,7 @@ def _run_case(c, rank: int, group: str, ring_rank: int):
     ring.reset_stats()
     with ring.force_math(c["math"]):
         out = ring.ring_attention(ql, kl, vl, pieces=c["pieces"], group=group, is_causal=c["causal"],
-                                  doc_ids=docs, window=c["window"])
+                                  doc_ids=docs, window=c["window"], key_padding=keep)
     fwd = ring.stats()
     (out * w[:, :, idx]).sum().backward()
     total = ring.stats()
@@ -194,8 +204,15 @@ def _cases_world2():
         case("interleaved_docs_kernel", 13, [[(0, 2), (6, 8), (12, 13)], [(2, 6), (8, 12)]], docs=True,
              seed=9),
         case("transposed_zigzag13_kernel", 13, zigzag(13, 2), Hq=4, Hkv=2, transposed=True, seed=10),
+        # Key padding (causal: left padding gives queries that see no key; encoders: not causal).
+        case("zigzag13_gqa_pad_causal_kernel", 13, zigzag(13, 2), Hq=4, Hkv=2, pad=True, seed=14),
+        case("zigzag13_gqa_pad_causal_math", 13, zigzag(13, 2), Hq=4, Hkv=2, pad=True, math=True, seed=14),
+        case("contig15_pad_full_kernel", 15, contiguous(15, 2), causal=False, pad=True, seed=15),
+        case("contig15_pad_full_math", 15, contiguous(15, 2), causal=False, pad=True, math=True, seed=15),
+        case("contig13_pad_window4_kernel", 13, contiguous(13, 2), Hq=4, Hkv=1, window=4, pad=True, seed=16),
         # Zigzag-sharded data described as contiguous: must NOT match (the pieces drive the masks).
         case("neg_lying_pieces", 16, contiguous(16, 2), data_pieces=zigzag(16, 2), seed=11),
+        case("neg_dropped_padding", 15, contiguous(15, 2), causal=False, pad=True, drop_pad=True, seed=17),
     ]
 
 
@@ -210,6 +227,8 @@ def _cases_world4():
         case("empty_rank_causal_kernel", 13, [[(0, 4)], [(4, 4)], [(4, 9)], [(9, 13)]], Hq=4, Hkv=2, seed=25),
         # Two rings of two over {0, 2} and {1, 3}: group ranks differ from global ranks.
         case("subgroup_zigzag13_kernel", 13, zigzag(13, 2), Hq=4, Hkv=2, ring_ranks=[[0, 2], [1, 3]], seed=26),
+        case("zigzag19_pad_full_kernel", 19, zigzag(19, 4), Hq=4, Hkv=2, causal=False, pad=True, seed=29),
+        case("zigzag19_pad_causal_math", 19, zigzag(19, 4), Hq=4, Hkv=2, pad=True, math=True, seed=30),
         case("neg_lying_pieces_r4", 16, contiguous(16, 4), data_pieces=zigzag(16, 4), seed=27),
     ]
 

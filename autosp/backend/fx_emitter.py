@@ -90,21 +90,26 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS[contract.VOCAB_LOGPROB] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
-def ring_attention(q, k, v, seq_len, doc_ids=None, *, is_causal: int, window: int, scale: float, group: str):
+def ring_attention(q, k, v, seq_len, mask=None, *, is_causal: int, window: int, scale: float, group: str,
+                   key_padding: int = 0):
     """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
     ranks' pieces of the sequence read from the group's layout (each ring rank attends
-    with its ring group's frame), the document ids ([B, 1, 1, S]) as [B, S], and the
-    attributes' "none" spellings (``window`` 0, ``scale`` 0.0) as None. Under
-    torch.compile (``backend=``): the same ring as the opaque op ``autosp::ring_attention``."""
+    with its ring group's frame), the [B, 1, 1, S] ``mask`` operand as [B, S] (document
+    ids, or with ``key_padding = 1`` the boolean key padding), and the attributes' "none"
+    spellings (``window`` 0, ``scale`` 0.0) as None. Under torch.compile (``backend=``):
+    the same ring as the opaque op ``autosp::ring_attention``."""
     from autosp.runtime import ring
-    ids = None if doc_ids is None else doc_ids.reshape(doc_ids.shape[0], doc_ids.shape[-1])
+    rows = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
+    ids, keep = (None, rows) if key_padding else (rows, None)
     if torch.compiler.is_compiling():
-        return ring.ring_attention_op(q, k, v, ids, seq_len, group, bool(is_causal), float(scale), int(window))[0]
+        return ring.ring_attention_op(q, k, v, ids, keep, seq_len, group, bool(is_causal), float(scale),
+                                      int(window))[0]
     return ring.ring_attention(q, k, v, pieces=ring.layout_pieces(group, seq_len), group=group,
-                               is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None)
+                               is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None,
+                               key_padding=keep)
 
 
-_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "doc_ids"))
+_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "mask"))
 
 
 def resolve_torch_op(name: str):

@@ -127,7 +127,9 @@ irdl.dialect @autosp {
   // accumulators travel home with their blocks. Keys and values keep their own (KV)
   // head count: GQA/MQA heads are never repeated. Masks, in absolute positions i (query)
   // and j (key): `is_causal` (j <= i), `window` (i - j < window; 0: none), and with the
-  // optional `doc_ids` ([B, 1, 1, S], replicated) doc[i] == doc[j]. `scale` 0.0: 1/sqrt(D).
+  // optional `mask` ([B, 1, 1, S], replicated): document ids, doc[i] == doc[j], or with
+  // `key_padding` = 1 a boolean key padding, mask[j] (a query that sees no key gets
+  // zeros). `scale` 0.0: 1/sqrt(D).
   irdl.operation @ring_attention {
     %query = irdl.base "!torch.vtensor"
     %kv = irdl.base "!torch.vtensor"
@@ -139,9 +141,11 @@ irdl.dialect @autosp {
     %window = irdl.base "#builtin.integer"
     %scale = irdl.base "#builtin.float"
     %group = irdl.base "#builtin.string"
-    irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, doc_ids: optional %ids)
+    %padding = irdl.base "#builtin.integer"
+    irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, mask: optional %ids)
     irdl.results(output: %result)
-    irdl.attributes { "is_causal" = %causal, "window" = %window, "scale" = %scale, "group" = %group }
+    irdl.attributes { "is_causal" = %causal, "window" = %window, "scale" = %scale, "group" = %group,
+                      "key_padding" = %padding }
   }
   // How many positions of the window [lo, seq_len - trim) this rank holds.
   irdl.operation @local_len {

@@ -6,6 +6,7 @@
     query ``i`` sees key ``j``  iff  (not is_causal or j <= i)
                                      and (window is None or i - j < window)
                                      and (doc_ids is None or doc_ids[b, i] == doc_ids[b, j])
+                                     and (key_padding is None or key_padding[b, j])
 
 (positions are absolute), while each rank only ever holds its own queries and one other
 rank's keys/values at a time. The ``R`` ranks of the group form a ring: rank ``r`` sends
@@ -33,9 +34,10 @@ mask decision is made from these intervals.
 
 Per block, every (query piece, key piece) pair is classified from the intervals: *skip*
 (no key visible), *full* (every key visible: no mask), *diagonal* (same range, causal,
-no window or documents: the kernel's own causal mode) or *masked* (an additive mask
-built from positions and document ids). With documents, a pair whose mask is all False
-(or all True) is skipped (or run unmasked) where that costs no device sync (CPU). Pair
+no window, documents or padding: the kernel's own causal mode) or *masked* (an additive
+mask built from positions, document ids and key padding). With documents or padding, a
+pair whose mask is all False (or all True) is skipped (or run unmasked) where that costs
+no device sync (CPU). Pair
 results are merged with their log-sum-exp in the accumulation dtype (rows that see no key
 yet have lse = -inf and contribute nothing).
 
@@ -54,7 +56,7 @@ softmax @ V; backward dS = P * (dP - rowsum(dO * O))), for fp64 on CUDA; inside
 negative controls).
 
 **Memory.** Saved for backward: q, k, v (local), the output and the lse: O(L), not O(S)
-(``doc_ids``, the caller's replicated tensor, is referenced, not copied). Transient: two
+(``doc_ids`` and ``key_padding``, the caller's replicated tensors, are referenced, not copied). Transient: two
 K/V blocks (the current one, being sent, and the arriving one), in backward also up to
 three dK/dV accumulators (being sent, arriving, being computed), and one pair's mask (and,
 on the math path, its scores) at a time.
@@ -185,13 +187,14 @@ def _check_pieces(pieces, ranks: int) -> tuple[list[list[tuple[int, int]]], int]
 
 
 # ----------------------------------------------------------------------------- masks
-def _classify(qa: int, qb: int, ka: int, kb: int, causal: bool, window, docs: bool) -> str:
-    """What the pair (queries [qa, qb), keys [ka, kb)) needs, from the intervals alone."""
+def _classify(qa: int, qb: int, ka: int, kb: int, causal: bool, window, data: bool) -> str:
+    """What the pair (queries [qa, qb), keys [ka, kb)) needs, from the intervals alone
+    (``data``: documents or key padding make the mask depend on input data too)."""
     if causal and ka >= qb:  # every key after every query
         return _SKIP
     if window is not None and qa - (kb - 1) >= window:  # every key too far back
         return _SKIP
-    if docs:
+    if data:
         return _MASK
     full = (not causal or kb - 1 <= qa) and (window is None or (qb - 1) - ka < window)
     if full:
@@ -201,7 +204,7 @@ def _classify(qa: int, qb: int, ka: int, kb: int, causal: bool, window, docs: bo
     return _MASK
 
 
-def _visible(qa, qb, ka, kb, causal, window, docs, device) -> torch.Tensor:
+def _visible(qa, qb, ka, kb, causal, window, docs, keep, device) -> torch.Tensor:
     """Boolean ``[Bd or 1, 1, qb - qa, kb - ka]``: which keys each query sees."""
     vis = torch.ones(qb - qa, kb - ka, dtype=torch.bool, device=device)
     if causal:
@@ -213,6 +216,8 @@ def _visible(qa, qb, ka, kb, causal, window, docs, device) -> torch.Tensor:
     if docs is not None:
         same = docs[:, qa:qb, None] == docs[:, None, ka:kb]
         vis = vis & same[:, None]
+    if keep is not None:  # [Bk, S] key padding: the pair's keys
+        vis = vis & keep[:, None, None, ka:kb]
     return vis
 
 
@@ -222,19 +227,23 @@ def _concrete(t: torch.Tensor) -> bool:
 
 
 def _pair_plan(qa, qb, ka, kb, spec, device):
-    """(kind, visibility or None) of a pair. With documents on CPU data, a pair inside one
-    document (in every batch row) is planned as without documents (full, diagonal, or a
-    position mask), one that sees nothing is skipped and one that sees everything is full."""
-    docs = spec.docs
+    """(kind, visibility or None) of a pair. On CPU data, a pair inside one document (in
+    every batch row) is planned as without documents, one whose keys are all unpadded as
+    without padding (full, diagonal, or a position mask); one that sees nothing is skipped
+    and one that sees everything is full."""
+    docs, keep = spec.docs, spec.keep
     if docs is not None and _concrete(docs):
         ids = torch.cat([docs[:, qa:qb], docs[:, ka:kb]], dim=1)
         if bool((ids == ids[:, :1]).all()):
             docs = None
-    kind = _classify(qa, qb, ka, kb, spec.causal, spec.window, docs is not None)
+    if keep is not None and _concrete(keep) and bool(keep[:, ka:kb].all()):
+        keep = None
+    data = docs is not None or keep is not None
+    kind = _classify(qa, qb, ka, kb, spec.causal, spec.window, data)
     vis = None
     if kind == _MASK:
-        vis = _visible(qa, qb, ka, kb, spec.causal, spec.window, docs, device)
-        if docs is not None and _concrete(vis):
+        vis = _visible(qa, qb, ka, kb, spec.causal, spec.window, docs, keep, device)
+        if data and _concrete(vis):
             if not bool(vis.any()):
                 return _SKIP, None
             if bool(vis.all()):
@@ -353,6 +362,7 @@ class _Spec:
     causal: bool
     window: int | None
     docs: torch.Tensor | None
+    keep: torch.Tensor | None  # [B or 1, S] boolean key padding (True: visible)
     scale: float
     simulated: bool
     kernel: tuple          # (full/diagonal pairs, masked pairs): "cpu", "flash", "efficient" or "math"
@@ -508,7 +518,8 @@ class _RingAttention(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------- entry
 def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, scale: float | None = None,
-                   doc_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+                   doc_ids: torch.Tensor | None = None, window: int | None = None,
+                   key_padding: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention of this rank's queries over the whole ring's keys (see the module doc).
 
     ``query`` is ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hkv, L, D]`` with ``Hq % Hkv ==
@@ -518,18 +529,30 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
     ``group`` is a group name (:func:`autosp.runtime.collectives.register_group`).
     ``doc_ids`` is the full ``[B, S]`` or ``[1, S]`` integer tensor (replicated, not
     sharded): keys of another document are invisible. ``window`` (with ``is_causal``) keeps
-    the keys ``i - window < j <= i``. ``scale`` defaults to ``1 / sqrt(D)``.
+    the keys ``i - window < j <= i``. ``key_padding`` is the full ``[B, S]`` or ``[1, S]``
+    boolean tensor (replicated): key ``j`` of row ``b`` is visible only where it is True; a
+    query that sees no key gets zeros (SDPA's answer under a boolean mask). ``scale``
+    defaults to ``1 / sqrt(D)``.
 
     Returns ``[B, Hq, L, D]`` in ``query``'s dtype: rows of
     ``F.scaled_dot_product_attention(q_full, k_full, v_full, attn_mask=mask)`` at this
     rank's positions; differentiable in query, key and value (ring backward).
     Every rank of the group must call it with the same ``pieces``.
     """
-    spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window)
+    spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding)
     return _RingAttention.apply(query, key, value, spec)
 
 
-def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window) -> _Spec:
+def _full_rows(name: str, t, b: int, seq_len: int, device) -> torch.Tensor:
+    """``t`` checked to be the full [B, S] or [1, S] tensor, on ``device``."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] not in (1, b) or t.shape[1] != seq_len:
+        shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"ring_attention: {name} must be the full [B, S] or [1, S] tensor "
+                         f"(B = {b}, S = {seq_len}), got {shape}")
+    return t if t.device == device else t.to(device)
+
+
+def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding=None) -> _Spec:
     """Validate :func:`ring_attention`'s arguments (``ValueError`` naming the bad one) and
     plan the ring: this rank's place in it and every rank's pieces."""
     ranks, rank = collectives.group_size(group), collectives.group_rank(group)
@@ -563,17 +586,15 @@ def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, wind
             raise ValueError(f"ring_attention: window must be >= 1, got {window}")
         window = int(window)
     if doc_ids is not None:
-        if (not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.shape[0] not in (1, b)
-                or doc_ids.shape[1] != seq_len):
-            shape = tuple(doc_ids.shape) if isinstance(doc_ids, torch.Tensor) else type(doc_ids).__name__
-            raise ValueError(f"ring_attention: doc_ids must be the full [B, S] or [1, S] tensor "
-                             f"(B = {b}, S = {seq_len}), got {shape}")
+        doc_ids = _full_rows("doc_ids", doc_ids, b, seq_len, query.device)
         if doc_ids.is_floating_point():
             raise ValueError(f"ring_attention: doc_ids must be integers, got {doc_ids.dtype}")
-        if doc_ids.device != query.device:
-            doc_ids = doc_ids.to(query.device)
+    if key_padding is not None:
+        key_padding = _full_rows("key_padding", key_padding, b, seq_len, query.device)
+        if key_padding.dtype != torch.bool:
+            raise ValueError(f"ring_attention: key_padding must be boolean (True: visible), got {key_padding.dtype}")
     return _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
-                 causal=bool(is_causal), window=window, docs=doc_ids,
+                 causal=bool(is_causal), window=window, docs=doc_ids, keep=key_padding,
                  scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
                  simulated=collectives.simulating(), kernel=_use_kernel(query))
 
@@ -591,55 +612,56 @@ def layout_pieces(group: str, seq_len: int) -> list[list[tuple[int, int]]]:
     return [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
 
 
-def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window) -> _Spec:
+def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding) -> _Spec:
     return _make_spec(q, k, v, layout_pieces(group, int(seq_len)), group, is_causal, scale or None, doc_ids,
-                      window or None)
+                      window or None, key_padding)
 
 
 @torch.library.custom_op("autosp::ring_attention", mutates_args=())
 def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None,
-                      seq_len: int, group: str, is_causal: bool, scale: float,
+                      key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool, scale: float,
                       window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ring's forward as one op: ``(out, lse)`` for this rank's rows, the pieces of
     every ring rank taken from ``group``'s layout at ``seq_len`` (``scale`` 0.0 and
     ``window`` 0 mean none)."""
-    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window)
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
     out, lse = _ring_forward(q, k, v, spec)
     return torch.empty_like(q).copy_(out), lse.contiguous()
 
 
 @ring_attention_op.register_fake
-def _(q, k, v, doc_ids, seq_len, group, is_causal, scale, window):
+def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
 
 
 @torch.library.custom_op("autosp::ring_attention_backward", mutates_args=())
 def ring_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               out: torch.Tensor, lse: torch.Tensor, doc_ids: torch.Tensor | None, seq_len: int,
-                               group: str, is_causal: bool, scale: float,
+                               out: torch.Tensor, lse: torch.Tensor, doc_ids: torch.Tensor | None,
+                               key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool,
+                               scale: float,
                                window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ring's backward as one op: ``(dq, dk, dv)``."""
-    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window)
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
     dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, spec)
     # Laid out as the inputs, as the fake says (fresh tensors: dk and dv are views of one buffer).
     return tuple(torch.empty_like(x).copy_(g) for x, g in ((q, dq), (k, dk), (v, dv)))
 
 
 @ring_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, doc_ids, seq_len, group, is_causal, scale, window):
+def _(dout, q, k, v, out, lse, doc_ids, key_padding, seq_len, group, is_causal, scale, window):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # laid out as the inputs, as the real ones
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, doc_ids, seq_len, group, is_causal, scale, window = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids)
+    q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids, key_padding)
     ctx.args = (seq_len, group, is_causal, scale, window)
 
 
 def _op_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, doc_ids = ctx.saved_tensors
-    dq, dk, dv = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, out, lse, doc_ids, key_padding = ctx.saved_tensors
+    dq, dk, dv = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, key_padding, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 ring_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
