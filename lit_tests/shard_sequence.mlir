@@ -385,3 +385,46 @@ func.func @scatter_add_into_zeros(%w: !torch.vtensor<[64,32],f32> {autosp.parame
   %c = torch.aten.scatter_add %z, %int0, %idx64, %src : !torch.vtensor<[4],f32>, !torch.int, !torch.vtensor<[?],si64>, !torch.vtensor<[?],f32> -> !torch.vtensor<[4],f32>
   return %c : !torch.vtensor<[4],f32>
 }
+
+// -----
+
+// A replicated value whose flattened rows hold each token's k rows inside the sequence
+// ([B*S] -> [B*S, 2] -> [B*S*2], as mask.reshape(-1).repeat_interleave(2)), used with
+// sharded rows folded the same way ([B, S, 2] flattened): the fold is read through both
+// views ([2, None, 2]), the value unfolded, sliced along the sequence and folded back, so
+// each rank holds the rows of its own tokens.
+// CHECK-LABEL: func.func @fold_with_inner_dim
+// CHECK: %[[FLAT:.*]] = torch.aten.view %{{.*}} : !torch.vtensor<[2,?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+// CHECK: %[[R:.*]] = torch.aten.view %{{.*}} : !torch.vtensor<[?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+// CHECK: %[[DIMS:.*]] = torch.prim.ListConstruct %{{.*}}, %{{.*}}, %{{.*}} : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+// CHECK: %[[OPEN:.*]] = torch.aten.view %[[R]], %[[DIMS]] : !torch.vtensor<[?],f32>, !torch.list<int> -> !torch.vtensor<[2,?,2],f32>
+// CHECK: %[[SLICE:.*]] = "autosp.shard"(%[[OPEN]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: %[[BACK:.*]] = torch.aten.view %[[SLICE]], %{{.*}} : !torch.vtensor<[2,?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+// CHECK: torch.aten.mul.Tensor %[[FLAT]], %[[BACK]]
+func.func @fold_with_inner_dim(%w: !torch.vtensor<[64,2],f32> {autosp.parameter = "w"},
+                               %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                               %mask: !torch.vtensor<[2,?],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?],f32> {
+  %int-1 = torch.constant.int -1
+  %int2 = torch.constant.int 2
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  torch.bind_symbolic_shape %mask, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,2],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,2],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 2)> : !torch.vtensor<[2,?,2],f32>
+  %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+  %flat = torch.aten.view %e, %lr : !torch.vtensor<[2,?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %flat, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
+  %m1 = torch.aten.view %mask, %lr : !torch.vtensor<[2,?],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %m1, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
+  %l2 = torch.prim.ListConstruct %int-1, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  %u = torch.aten.unsqueeze %m1, %int-1 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?,1],f32>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (s0 * 2, 1)> : !torch.vtensor<[?,1],f32>
+  %x = torch.aten.expand %u, %l2, %false : !torch.vtensor<[?,1],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[?,2],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 2)> : !torch.vtensor<[?,2],f32>
+  %r = torch.aten.view %x, %lr : !torch.vtensor<[?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %r, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
+  %y = torch.aten.mul.Tensor %flat, %r : !torch.vtensor<[?],f32>, !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
+  return %y : !torch.vtensor<[?],f32>
+}

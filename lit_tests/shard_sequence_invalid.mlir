@@ -469,34 +469,30 @@ func.func @scatter_add_into_a_parameter(%w: !torch.vtensor<[64,32],f32> {autosp.
 
 // -----
 
-// A replicated value whose flattened rows have the sequence outside an inner dim
-// ([B*S, 2] -> [B*S*2], as mask.repeat_interleave(2)) cannot be sliced as the rank's rows:
-// refused rather than sliced wrongly.
-func.func @fold_with_inner_dim(%w: !torch.vtensor<[64,2],f32> {autosp.parameter = "w"},
-                               %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
-                               %mask: !torch.vtensor<[2,?],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64})
+// A replicated mask whose flattened rows fold the sequence outside the batch
+// ([S, B] -> [S*B]: a transposed mask) against sharded rows folded [B, S]: each rank's
+// slice of the mask would hold other rows than its own, so it is refused.
+func.func @fold_in_another_order(%w: !torch.vtensor<[64,1],f32> {autosp.parameter = "w"},
+                                 %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                                 %mask: !torch.vtensor<[2,?],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64})
     -> !torch.vtensor<[?],f32> {
   %int-1 = torch.constant.int -1
-  %int2 = torch.constant.int 2
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
   %false = torch.constant.bool false
   %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   torch.bind_symbolic_shape %mask, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
-  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,2],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,2],f32>
-  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 2)> : !torch.vtensor<[2,?,2],f32>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,1],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,1],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 1)> : !torch.vtensor<[2,?,1],f32>
   %lr = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
-  %flat = torch.aten.view %e, %lr : !torch.vtensor<[2,?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
-  torch.bind_symbolic_shape %flat, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
-  %m1 = torch.aten.view %mask, %lr : !torch.vtensor<[2,?],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
-  torch.bind_symbolic_shape %m1, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
-  %l2 = torch.prim.ListConstruct %int-1, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
-  %u = torch.aten.unsqueeze %m1, %int-1 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?,1],f32>
-  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (s0 * 2, 1)> : !torch.vtensor<[?,1],f32>
-  %x = torch.aten.expand %u, %l2, %false : !torch.vtensor<[?,1],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[?,2],f32>
-  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 2)> : !torch.vtensor<[?,2],f32>
-  %r = torch.aten.view %x, %lr : !torch.vtensor<[?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
-  torch.bind_symbolic_shape %r, [%s], affine_map<()[s0] -> (s0 * 4)> : !torch.vtensor<[?],f32>
-  // expected-error@+1 {{whose rows fold the sequence with other dims as}}
+  %flat = torch.aten.view %e, %lr : !torch.vtensor<[2,?,1],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %flat, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
+  %t = torch.aten.transpose.int %mask, %int0, %int1 : !torch.vtensor<[2,?],f32>, !torch.int, !torch.int -> !torch.vtensor<[?,2],f32>
+  torch.bind_symbolic_shape %t, [%s], affine_map<()[s0] -> (s0, 2)> : !torch.vtensor<[?,2],f32>
+  %r = torch.aten.view %t, %lr : !torch.vtensor<[?,2],f32>, !torch.list<int> -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %r, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
+  // expected-error@+1 {{whose rows fold the sequence with other dims as [None, 2] (None: the sequence), but its sequence-sharded operands' rows fold as [2, None, 1]}}
   %y = torch.aten.mul.Tensor %flat, %r : !torch.vtensor<[?],f32>, !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
   return %y : !torch.vtensor<[?],f32>
 }

@@ -12,6 +12,7 @@ Three parts, as Shardy separates sharding rules, propagation and export:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -139,26 +140,54 @@ class _Rewriter:
         self.info, self.group, self.seq_len = info, group, seq_len
         self.local_lens: dict = {}  # Window -> the one autosp.local_len of that window
 
-    def shard(self, op, value, dim: int, window: Window) -> ir.Value:
+    def shard(self, op, value, dim: int, window: Window, layouts: dict | None = None) -> ir.Value:
         """Slice a replicated operand to this rank's part of ``window``. Its sequence dim has
-        the window's length, or a multiple a of it (batch x sequence flattened, sequence inner)."""
+        the window's length, or a multiple a of it: rows folding the sequence with other
+        dims, read from the views that merged them (``[B, None]``: batch x sequence,
+        ``[B, None, k]``: each token's k rows). The fold must be the one the op's sharded
+        operands have (``layouts``), or the rank's slice would hold other rows than theirs."""
         length = self.info.length(value, dim)
         if not isinstance(length, Linear) or length.a < 1 or length != window.length.times(length.a):
             raise DiagnosticError.at(op, f"needs operand {value.type} sliced along its sequence dim {dim} "
                                          f"(size {length if length is not None else '?'}), which does not match "
                                          f"the window {window.length} of the sharded operands")
-        if length.a > 1:  # rows folding the sequence with other dims: the sequence must be innermost
-            merged = _folded_rows(value, dim)
-            if merged is None or merged[-1] is not None:
-                how = ("in an order autosp cannot read from the IR" if merged is None else
-                       f"as {merged} (None: the sequence), not innermost")
+        merged = None
+        if length.a > 1:  # rows folding the sequence with other dims: read how, from the views
+            merged = _folded_rows(value, dim, self.info.length)
+            if merged is None or math.prod(d for d in merged if d is not None) != length.a:
                 raise DiagnosticError.at(op, f"needs operand {value.type} sliced along dim {dim}, whose rows fold the "
-                                             f"sequence with other dims {how}; each rank's slice would take other "
-                                             "rows than its own (e.g. a repeat_interleave of a flattened mask): "
-                                             "compute it from the sharded values instead")
+                                             "sequence with other dims in an order autosp cannot read from the IR; "
+                                             "each rank's slice would take other rows than its own: compute it "
+                                             "from the sharded values instead")
+            theirs = self.sharded_folds(op, layouts or {}, length)
+            if not theirs or any(f is None or _dims_over_one(f) != _dims_over_one(merged) for f in theirs):
+                seen = ", ".join(str(f) for f in theirs) if theirs else "a fold autosp cannot read from the IR"
+                raise DiagnosticError.at(op, f"needs operand {value.type} sliced along dim {dim}, whose rows fold the "
+                                             f"sequence with other dims as {merged} (None: the sequence), but its "
+                                             f"sequence-sharded operands' rows fold as {seen}; each rank's slice "
+                                             "would take other rows than its own: compute it from the sharded "
+                                             "values instead")
         with ir.InsertionPoint(op), op.location:
-            return b.autosp_op(SHARD, [value, self.seq_len], value.type, dim=dim, lo=window.lo,
-                               trim=window.trim, group=self.group)
+            if merged is None or merged[-1] is None:  # the sequence innermost: autosp.shard slices each row
+                return b.autosp_op(SHARD, [value, self.seq_len], value.type, dim=dim, lo=window.lo,
+                                   trim=window.trim, group=self.group)
+            # Other dims inside the sequence ([B * S * k]: a repeat_interleave of a flattened
+            # mask): unfold, slice the sequence dim, fold back (the sharded rows' order).
+            opened = _view(value, _unfolded(value, dim, merged))
+            sliced = b.autosp_op(SHARD, [opened, self.seq_len], opened.type, dim=dim + merged.index(None),
+                                 lo=window.lo, trim=window.trim, group=self.group)
+            return _view(sliced, tensor_dims(value), value.type)
+
+    def sharded_folds(self, op, layouts: dict, length) -> list:
+        """The folds (:func:`_folded_rows`) of ``op``'s sequence-sharded tensor operands whose
+        sharded dim has ``length``; None where one cannot be read."""
+        folds = []
+        for v in op.operands:
+            for u in list_items(v) or [v]:
+                lay = layouts.get(u) if is_tensor(u) else None
+                if isinstance(lay, SequenceSharded) and self.info.length(u, lay.dim) == length:
+                    folds.append(_folded_rows(u, lay.dim, self.info.length))
+        return folds
 
     def sharded_operand(self, op, v, window: Window, layouts: dict):
         """``v`` itself if it is sharded or has no sequence dim, else its shard on ``window``."""
@@ -169,7 +198,7 @@ class _Rewriter:
             return v
         if len(dims) > 1:
             raise DiagnosticError.at(op, "has a replicated operand with two sequence dims")
-        return self.shard(op, v, dims[0], window)
+        return self.shard(op, v, dims[0], window, layouts)
 
     def shard_operands(self, op, window: Window, layouts: dict) -> None:
         for i, v in enumerate(list(op.operands)):
@@ -418,12 +447,14 @@ class _Propagation:
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
 
 
-def _folded_rows(value, dim: int):
+def _folded_rows(value, dim: int, length=None):
     """How the rows of ``value``'s sharded dim ``dim`` fold the sequence with other dims:
     the sizes of the dims a view merged into it, in order (None for the sequence), or None
     when that dim is the sequence alone. Followed back through ops that keep operand 0's
     dims up to ``dim`` (row-wise work such as a router's linear) to the view that merged
-    them; diagnosed when no such view is found."""
+    them; diagnosed when no such view is found. With ``length`` (the analysis' length of a
+    value's dim), a merged dim that itself folds the sequence is read the same way, so
+    ``mask.reshape(-1).repeat_interleave(k)`` gives ``[B, None, k]``."""
     shape = tensor_dims(value)
     if shape is None or shape.count(None) != 1 or shape[dim] is not None:
         return None
@@ -440,11 +471,42 @@ def _folded_rows(value, dim: int):
                 if src_dims[:dim] != out_dims[:dim] or src_dims[len(src_dims) - len(rest):] != rest:
                     return None
                 merged = src_dims[dim:len(src_dims) - len(rest)]
-                return merged if len(merged) > 1 and merged.count(None) == 1 else None
+                if len(merged) < 2 or merged.count(None) != 1:
+                    return None
+                at = merged.index(None)
+                inner = length(src, dim + at) if length is not None else None
+                if isinstance(inner, Linear) and inner.a > 1:  # that dim folds the sequence too
+                    sub = _folded_rows(src, dim + at, length)
+                    if sub is None:
+                        return None
+                    merged = merged[:at] + sub + merged[at + 1:]
+                return merged
         elif src_dims[:dim + 1] != shape[:dim + 1]:
             return None  # no view merged dims into it here: the sequence alone, as it came
         op = producer(src)
     return None
+
+
+def _dims_over_one(fold) -> list:
+    """A fold without its size-1 dims (they do not change the rows' order)."""
+    return [d for d in fold if d != 1]
+
+
+def _unfolded(value, dim: int, merged) -> list:
+    """``value``'s dims with dim ``dim`` opened into ``merged`` (None: the sequence)."""
+    shape = tensor_dims(value)
+    assert shape is not None  # a tensor: _folded_rows read its dims
+    return shape[:dim] + list(merged) + shape[dim + 1:]
+
+
+def _view(value, dims, type_=None) -> ir.Value:
+    """``torch.aten.view`` of ``value`` to ``dims`` (None: the one dynamic size, -1)."""
+    found = b.vtensor_shape(value.type)
+    assert found is not None
+    sizes = [b.constant_int(-1 if d is None else d) for d in dims]
+    listed = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
+                                 operands=sizes).result
+    return b.torch_op("torch.aten.view", [value, listed], type_ or b.vtensor_type(list(dims), found[1]))
 
 
 def _gather_output(ret, value, lay, seq_len, group: str):
@@ -456,20 +518,10 @@ def _gather_output(ret, value, lay, seq_len, group: str):
     if merged is None:
         return b.autosp_op(ALL_GATHER, [value, seq_len], value.type, dim=lay.dim, lo=lay.window.lo,
                            trim=lay.window.trim, group=group)
-    found = b.vtensor_shape(value.type)
-    assert found is not None  # a tensor: _folded_rows read its dims
-    shape, dtype = found
-    unfolded = shape[:lay.dim] + merged + shape[lay.dim + 1:]
-    sizes = [b.constant_int(-1 if d is None else d) for d in unfolded]
-    listed = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
-                                 operands=sizes).result
-    opened = b.torch_op("torch.aten.view", [value, listed], b.vtensor_type(unfolded, dtype))
+    opened = _view(value, _unfolded(value, lay.dim, merged))
     gathered = b.autosp_op(ALL_GATHER, [opened, seq_len], opened.type, dim=lay.dim + merged.index(None),
                            lo=lay.window.lo, trim=lay.window.trim, group=group)
-    back = [b.constant_int(-1 if d is None else d) for d in shape]
-    listed = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
-                                 operands=back).result
-    return b.torch_op("torch.aten.view", [gathered, listed], value.type)
+    return _view(gathered, tensor_dims(value), value.type)
 
 
 def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "sp",

@@ -6,7 +6,9 @@
   fails the same check.
 * Mixtral with its default experts (``grouped_mm``: sort, ``histc``, grouped matmul) and
   ``output_router_logits=True`` (the load-balancing aux loss, whose counts and sums over
-  tokens become local counts + an all-reduce), Qwen3-MoE, and a hand-written MoE whose aux
+  tokens become local counts + an all-reduce), the same with right padding (the aux loss's
+  masked branch: the flattened mask repeated per routed expert, sliced by its fold
+  ``[B, S, top_k]``, scatter-added per expert), Qwen3-MoE, and a hand-written MoE whose aux
   loss uses ``one_hot`` and ``mean``: loss, aux loss, gathered logits and router logits and
   every gradient against single-device eager, then 3 AdamW steps, at P = 2 (S = 15) and
   P = 4 (S = 19). Negative control: the routing statistics left per shard (their
@@ -82,10 +84,21 @@ class HandMoE(torch.nn.Module):
         return {"loss": loss + 0.01 * aux, "aux_loss": aux, "logits": logits}
 
 
+def _kwargs(name, ids):
+    """The call's keywords: ``mixtral_masked`` passes right padding (row 1's last tokens) as
+    a trainer's collator does, so the aux loss takes its masked branch (the mask's
+    ``reshape(-1).repeat_interleave(top_k)`` rows, scatter-added per expert)."""
+    if name != "mixtral_masked":
+        return {"input_ids": ids, "labels": ids}
+    mask = torch.ones_like(ids)
+    mask[1, -(ids.shape[1] // 3):] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
 def _call(name, model, ids):
     if name == "hand":
         return model(ids, ids)
-    return model(input_ids=ids, labels=ids)
+    return model(**_kwargs(name, ids))
 
 
 def test_token_experts_is_row_wise_for_every_experts_implementation():
@@ -139,7 +152,7 @@ def _run_case(name, seq, seed, control=False):
     from autosp.planning.memory import SavedTensors
     from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
     torch.manual_seed(seed)
-    model = HandMoE() if name == "hand" else _hf(name)
+    model = HandMoE() if name == "hand" else _hf(name.removesuffix("_masked"))
     reference = copy.deepcopy(model)
     restore = _per_shard_statistics() if control else None
     try:
@@ -149,13 +162,13 @@ def _run_case(name, seq, seed, control=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = parity(reference, compiled, *([ids, ids] if name == "hand" else []),
-                            **({} if name == "hand" else {"input_ids": ids, "labels": ids}))
+                            **({} if name == "hand" else _kwargs(name, ids)))
         result = {"outputs": report.outputs, "grads": report.max_grad_error}
         if control:
             return result
         ir = compiled.programs[0].mlir["transformed"]
         result["experts_ops"] = ir.count("torch.autosp.token_experts")
-        result["counts_reduced"] = ir.count('"torch.aten.histc"')
+        result["counts_reduced"] = ir.count('"torch.aten.histc"') + ir.count("torch.aten.scatter_add")
         opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
         steps = []
@@ -184,7 +197,7 @@ def _run_case(name, seq, seed, control=False):
             restore()
 
 
-CASES = {2: [("mixtral", 15), ("qwen3_moe", 15), ("hand", 15)], 4: [("mixtral", 19)]}
+CASES = {2: [("mixtral", 15), ("mixtral_masked", 15), ("qwen3_moe", 15), ("hand", 15)], 4: [("mixtral", 19)]}
 
 
 def _body(rank, world, queue, seed):
@@ -204,11 +217,11 @@ def test_moe_models_match_single_device(world, _fresh_seed):
             assert r["saved_growth"] <= 2.3, where
             if not case.startswith("hand"):
                 assert r["experts_ops"] == 2, where  # one per layer: the experts ran as their stated op
-                assert r["counts_reduced"] >= 2, where  # the aux loss's histc counts, one per layer
+                assert r["counts_reduced"] >= 2, where  # the aux loss's counts (histc; masked: scatter_add), one per layer
 
 
 def _control_body(rank, world, queue, seed):
-    queue.put((rank, {n: _run_case(n, 15, seed, control=True) for n in ("mixtral", "hand")}))
+    queue.put((rank, {n: _run_case(n, 15, seed, control=True) for n in ("mixtral", "mixtral_masked", "hand")}))
 
 
 def test_per_shard_routing_statistics_break_parity(_fresh_seed):
