@@ -46,7 +46,7 @@ from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
-from autosp.ir.ops import SDPA_OP
+from autosp.ir.ops import is_sdpa
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.planning.plan import MemoryPlan
@@ -261,7 +261,7 @@ def kept_masks(module, seq_len: int) -> list[str]:
     unfused = []
     for func in funcs(module):
         for op in body_ops(func):
-            if op_name(op) == SDPA_OP and KEPT_MASK_ATTR in op.attributes:
+            if is_sdpa(op) and KEPT_MASK_ATTR in op.attributes:
                 found.setdefault(op.operands[3], []).append(op)
             if UNFUSED_ATTR in op.attributes:
                 unfused.append(op)

@@ -167,3 +167,97 @@ func.func @masked_fill_form(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch
   %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
   return %o : !torch.vtensor<[2,4,16,8],f32>
 }
+
+// -----
+
+// gpt-oss: per-head sink logits concatenated to the masked scores as one more column,
+// the row maximum subtracted, softmax, the sink column dropped, @ v. One sink attention
+// op: SDPA's operands and the [H] sinks (operand 8); the chain becomes dead.
+// CHECK-LABEL: func.func @attention_sinks
+// CHECK: %[[O:.*]] = torch.operator "torch.autosp.sink_attention"(%arg0, %arg1, %arg2, %arg3, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}, %arg4)
+// CHECK: return %[[O]]
+// DCE-LABEL: func.func @attention_sinks
+// DCE-NOT: torch.aten.cat
+// DCE-NOT: torch.aten.softmax.int
+func.func @attention_sinks(%arg0: !torch.vtensor<[2,4,8,16],f32>, %arg1: !torch.vtensor<[2,4,8,16],f32>, %arg2: !torch.vtensor<[2,4,8,16],f32>, %arg3: !torch.vtensor<[2,1,8,8],f32>, %arg4: !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,8,16],f32> {
+  %true = torch.constant.bool true
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int6 = torch.constant.int 6
+  %int8 = torch.constant.int 8
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 2.500000e-01
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,8,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,8],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,8,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,8,8],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[2,4,8,8],f32>, !torch.float -> !torch.vtensor<[2,4,8,8],f32>
+  %sm = torch.aten.add.Tensor %ss, %arg3, %int1 : !torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,1,8,8],f32>, !torch.int -> !torch.vtensor<[2,4,8,8],f32>
+  %shape = torch.prim.ListConstruct %int1, %int-1, %int1, %int1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %sv = torch.aten.view %arg4, %shape : !torch.vtensor<[4],f32>, !torch.list<int> -> !torch.vtensor<[1,4,1,1],f32>
+  %wide = torch.prim.ListConstruct %int2, %int-1, %int8, %int-1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %col = torch.aten.broadcast_to %sv, %wide : !torch.vtensor<[1,4,1,1],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,1],f32>
+  %parts = torch.prim.ListConstruct %sm, %col : (!torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,4,8,1],f32>) -> !torch.list<vtensor>
+  %c = torch.aten.cat %parts, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %values, %indices = torch.aten.max.dim %c, %int-1, %true : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,4,8,1],f32>, !torch.vtensor<[2,4,8,1],si64>
+  %shifted = torch.aten.sub.Tensor %c, %values, %int1 : !torch.vtensor<[2,4,8,9],f32>, !torch.vtensor<[2,4,8,1],f32>, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %p = torch.aten.softmax.int %shifted, %int-1, %int6 : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %pk = torch.aten.slice.Tensor %p, %int3, %int0, %int-1, %int1 : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,8],f32>
+  %o = torch.aten.matmul %pk, %arg2 : !torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,8,16],f32>
+  return %o : !torch.vtensor<[2,4,8,16],f32>
+}
+
+// -----
+
+// A column concatenated to the scores that is not one value per head (here an input
+// [B, H, S, 1]: it may differ per query) is not a sink: the chain is kept as written.
+// CHECK-LABEL: func.func @sink_column_not_per_head_kept
+// DCE-LABEL: func.func @sink_column_not_per_head_kept
+// CHECK-NOT: torch.autosp.sink_attention
+// CHECK: torch.aten.softmax.int
+func.func @sink_column_not_per_head_kept(%arg0: !torch.vtensor<[2,4,8,16],f32>, %arg1: !torch.vtensor<[2,4,8,16],f32>, %arg2: !torch.vtensor<[2,4,8,16],f32>, %arg3: !torch.vtensor<[2,4,8,1],f32>) -> !torch.vtensor<[2,4,8,16],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,8,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,8],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,8,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,8,8],f32>
+  %parts = torch.prim.ListConstruct %s, %arg3 : (!torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,4,8,1],f32>) -> !torch.list<vtensor>
+  %c = torch.aten.cat %parts, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %p = torch.aten.softmax.int %c, %int-1, %none : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,8,9],f32>
+  %pk = torch.aten.slice.Tensor %p, %int3, %int0, %int-1, %int1 : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,8],f32>
+  %o = torch.aten.matmul %pk, %arg2 : !torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,8,16],f32>
+  return %o : !torch.vtensor<[2,4,8,16],f32>
+}
+
+// -----
+
+// The sink column kept in the probabilities (the slice ends at 9 = S + 1, not before the
+// sink): it would reach the values; not the sink attention form, kept.
+// CHECK-LABEL: func.func @sink_column_not_dropped_kept
+// CHECK-NOT: torch.autosp.sink_attention
+// CHECK: torch.aten.softmax.int
+func.func @sink_column_not_dropped_kept(%arg0: !torch.vtensor<[2,4,8,16],f32>, %arg1: !torch.vtensor<[2,4,8,16],f32>, %arg2: !torch.vtensor<[2,4,9,16],f32>, %arg4: !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,8,16],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int8 = torch.constant.int 8
+  %int9 = torch.constant.int 9
+  %int-1 = torch.constant.int -1
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,8,16],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,16,8],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,8,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,8,8],f32>
+  %shape = torch.prim.ListConstruct %int1, %int-1, %int1, %int1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %sv = torch.aten.view %arg4, %shape : !torch.vtensor<[4],f32>, !torch.list<int> -> !torch.vtensor<[1,4,1,1],f32>
+  %wide = torch.prim.ListConstruct %int2, %int-1, %int8, %int-1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %col = torch.aten.broadcast_to %sv, %wide : !torch.vtensor<[1,4,1,1],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,1],f32>
+  %parts = torch.prim.ListConstruct %s, %col : (!torch.vtensor<[2,4,8,8],f32>, !torch.vtensor<[2,4,8,1],f32>) -> !torch.list<vtensor>
+  %c = torch.aten.cat %parts, %int-1 : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %p = torch.aten.softmax.int %c, %int-1, %none : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,8,9],f32>
+  %pk = torch.aten.slice.Tensor %p, %int3, %int0, %int9, %int1 : !torch.vtensor<[2,4,8,9],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,9],f32>
+  %o = torch.aten.matmul %pk, %arg2 : !torch.vtensor<[2,4,8,9],f32>, !torch.vtensor<[2,4,9,16],f32> -> !torch.vtensor<[2,4,8,16],f32>
+  return %o : !torch.vtensor<[2,4,8,16],f32>
+}

@@ -33,7 +33,7 @@
 // RING-SAME: (%[[QIN:[^:]*]]: !torch.vtensor<[2,4,?,8],f32> {{.*}}, %[[KIN:[^:]*]]: {{.*}}, %[[VIN:[^:]*]]:
 // RING: %[[S:.*]] = torch.aten.size.int %[[QIN]]
 // RING-NOT: autosp.all_to_all
-// RING: %[[O:.*]] = "autosp.ring_attention"(%[[QIN]], %[[KIN]], %[[VIN]], %[[S]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: %[[O:.*]] = "autosp.ring_attention"(%[[QIN]], %[[KIN]], %[[VIN]], %[[S]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}) -> !torch.vtensor<[2,4,?,8],f32>
 // RING-NOT: autosp.all_to_all
 // RING: return %[[O]]
 // Hybrid 2 x 2: Ulysses all-to-alls on the ":ulysses" sub-group around a ring on ":ring".
@@ -167,7 +167,7 @@ func.func @repeat_kv(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]"
 // CHECK: torch.aten.scaled_dot_product_attention {{.*}} {autosp.key_padding} : {{.*}}, !torch.vtensor<[2,1,1,?],i1>, {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
 // RING-LABEL: func.func @key_padding
 // RING-SAME: %[[PAD:[^:]*]]: !torch.vtensor<[2,1,1,?],i1>
-// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[PAD]]) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}, !torch.int, !torch.vtensor<[2,1,1,?],i1>) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[PAD]]) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}, !torch.int, !torch.vtensor<[2,1,1,?],i1>) -> !torch.vtensor<[2,4,?,8],f32>
 // HYB-LABEL: func.func @key_padding
 // HYB: "autosp.ring_attention"({{.*}}) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, {{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
 func.func @key_padding(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
@@ -180,5 +180,33 @@ func.func @key_padding(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0
   torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
   torch.bind_symbolic_shape %pad, [%s], affine_map<()[s0] -> (2, 1, 1, s0)> : !torch.vtensor<[2,1,1,?],i1>
   %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %pad, %float0, %false, %none, %false {autosp.key_padding} : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,1,1,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// Attention with sinks (autosp-fuse-attention's `torch.autosp.sink_attention`, gpt-oss):
+// partitioned as SDPA. Ulysses keeps the full [H] sinks on the op and names the group
+// whose rank picks this rank's heads' chunk (`autosp.sink_heads`); a ring takes them as
+// its `sink_logits` operand (entering the log-sum-exp merge once).
+// CHECK-LABEL: func.func @attention_sinks
+// CHECK-SAME: %[[SINKS:[^:]*]]: !torch.vtensor<[4],f32>
+// CHECK: %[[Q:.*]] = "autosp.all_to_all"
+// CHECK: torch.operator "torch.autosp.sink_attention"(%[[Q]], {{.*}}, %[[SINKS]]) {autosp.sink_heads = "sp"{{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
+// RING-LABEL: func.func @attention_sinks
+// RING-SAME: %[[SINKS:[^:]*]]: !torch.vtensor<[4],f32>
+// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[SINKS]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1>, {{.*}}} : ({{.*}}, !torch.int, !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+// HYB-LABEL: func.func @attention_sinks
+// HYB: "autosp.ring_attention"({{.*}}) {autosp.sink_heads = "sp:ulysses", group = "sp:ring", {{.*}}operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1>{{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
+func.func @attention_sinks(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                           %sinks: !torch.vtensor<[4],f32> {autosp.parameter = "sinks"})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %0 = torch.operator "torch.autosp.sink_attention"(%q, %q, %q, %none, %float0, %true, %none, %false, %sinks) : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool, !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }

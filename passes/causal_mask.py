@@ -80,7 +80,7 @@ from autosp.ir.mask_algebra import (
     restrict,
 )
 from autosp.ir.mask_interp import MaskInterpreter, tensor_kind
-from autosp.ir.ops import SDPA_OP
+from autosp.ir.ops import is_sdpa
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sizes import dim_sizes
 
@@ -342,7 +342,7 @@ def fold_causal_masks(module) -> int:
     """
     func = main_func(module)
     folded = 0
-    for op in [o for o in body_ops(func) if op_name(o) == SDPA_OP]:
+    for op in [o for o in body_ops(func) if is_sdpa(o)]:
         mask = op.operands[3]
         if is_none(mask) or const_bool(op.operands[5]) is not False:
             continue

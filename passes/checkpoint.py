@@ -53,7 +53,7 @@ from autosp.ir.contract import (
 )
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP
+from autosp.ir.ops import BIND_SHAPE, COMMUNICATION_OPS, SDPA_OP, is_sdpa
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 
@@ -120,7 +120,7 @@ def _dynamic_dims(value: ir.Value) -> int:
 
 def is_attention_op(op) -> bool:
     """SDPA, ring attention, or an op touching an O(S^2) tensor (two or more dynamic dimensions)."""
-    if op_name(op) in (SDPA_OP, RING_ATTENTION):
+    if is_sdpa(op) or op_name(op) == RING_ATTENTION:
         return True
     return any(_dynamic_dims(v) >= 2 for v in list(op.operands) + list(op.results))
 

@@ -22,6 +22,15 @@ The form ``scores.masked_fill(cond, c)`` (c at most -1e30, or -inf: nanoGPT's tr
 fuses too, with the boolean mask ``not cond``; a row masked everywhere keeps eager's answer
 (``autosp.empty_rows = "mean"``, see :mod:`autosp.ir.ops`).
 
+**Attention sinks** (gpt-oss): ``softmax(cat([scores, sinks.reshape(1, -1, 1, 1).expand(B, -1,
+S, -1)], -1) - row max)[..., :-1] @ v``, where the concatenated column is proven one value
+per head (a ``[H]`` vector viewed as ``[1, H, 1, 1]`` and broadcast) and exactly that column
+is dropped after the softmax, becomes ``torch.operator "torch.autosp.sink_attention"``
+with SDPA's eight operands and the ``[H]`` sinks: ``exp(sinks[h])`` joins each row's
+denominator. Every SDPA rule holds for it (:func:`autosp.ir.ops.is_sdpa`); the runtime
+folds the sinks into the kernel's log-sum-exp (:mod:`autosp.runtime.ring`). The row maximum
+subtracted before a softmax is dropped wherever it appears: softmax is invariant to it.
+
 Not fused, left as written (correct, with the O(S^2) cost, and ``autosp.unfused_attention``
 on the softmax, so the compile warns): probabilities used elsewhere
 (``output_attentions``), dropout with p > 0 (SDPA would draw other numbers), a softmax in
@@ -40,7 +49,7 @@ from autosp.ir import builders as b
 from autosp.ir.contract import EMPTY_ROWS_ATTR, UNFUSED_ATTR, EmptyRows
 from autosp.ir.core import body_ops, const_bool, const_float, const_int, main_func, op_name, producer, users
 from autosp.ir.mask_algebra import Lin, NotProven
-from autosp.ir.ops import SDPA_OP, SOFTMAX_OPS
+from autosp.ir.ops import SDPA_OP, SINK_ATTENTION, SOFTMAX_OPS
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sizes import dim_sizes
 
@@ -140,6 +149,7 @@ class Match:
     out: ir.Value  # the p @ v result the SDPA replaces
     fill: ir.Value | None = None  # masked_fill's condition: the mask is its negation (True: attend)
     fill_finite: bool = False  # ... with a finite fill value (a row masked everywhere is uniform)
+    sinks: ir.Value | None = None  # [H] sink logits in the softmax denominator (gpt-oss)
 
 
 def match(softmax) -> Match:
@@ -152,6 +162,7 @@ def match(softmax) -> Match:
         raise _NoMatch("_softmax with half_to_float")
     if _dtype(softmax.results[0]) != _dtype(scores):
         raise _NoMatch("softmax in another dtype than the scores")
+    scores, sinks = _strip_sinks(scores)
     _only_use(scores, "the scores")
     # scores = [(q @ k^T) * scale] + mask
     mask = fill = None
@@ -206,8 +217,10 @@ def match(softmax) -> Match:
     if not swapped:
         raise _NoMatch("the key is not transposed over its last two dims")
     k = t.operands[0]
-    # probs -> (identity casts, dropout p = 0) -> @ v
+    # probs -> (the sink column dropped) -> (identity casts, dropout p = 0) -> @ v
     p = softmax.results[0]
+    if sinks is not None:
+        p = _drop_sink_column(p, _sizes(scores)[3])
     while True:
         user = _only_use(p, "the probabilities")
         uname = op_name(user)
@@ -227,7 +240,61 @@ def match(softmax) -> Match:
     for t_ in (q, k, v, out):
         if _dtype(t_) != _dtype(scores):
             raise _NoMatch("q, k, v and the output are not all in the scores' dtype")
-    return Match(q, k, v, mask, scale, out, fill, fill_finite)
+    return Match(q, k, v, mask, scale, out, fill, fill_finite, sinks)
+
+
+def _strip_sinks(x: ir.Value) -> tuple[ir.Value, ir.Value | None]:
+    """``(scores, sinks)`` under a softmax input ``x``: gpt-oss's form
+    ``cat([scores, sinks.reshape(1, -1, 1, 1).expand(B, -1, S, -1)], -1)``, less its row
+    maximum, gives the ``[H]`` sinks (None where there is no sink column). Subtracting
+    the row maximum is dropped on its own too: softmax is invariant to a per-row shift (in
+    value and gradient)."""
+    sub, shifted = producer(x), False
+    if sub is not None and op_name(sub) == "torch.aten.sub.Tensor":
+        top = producer(sub.operands[1])
+        if top is not None and op_name(top) == "torch.aten.max.dim" and top.operands[0] == sub.operands[0] \
+                and sub.operands[1] == top.results[0] and const_int(top.operands[1]) in (-1, 3) \
+                and const_bool(top.operands[2]) is True and _float_const(sub.operands[2]) == 1.0:
+            if len(users(sub.operands[0])) != 2 or len(users(top.results[0])) != 1 or users(top.results[1]):
+                raise _NoMatch("the row maximum subtracted before the softmax has other users")
+            x, shifted = sub.operands[0], True
+    cat = producer(x)
+    if cat is None or op_name(cat) != "torch.aten.cat":
+        return x, None
+    if const_int(cat.operands[1]) not in (-1, 3):
+        raise _NoMatch("scores concatenated along another dim than the keys")
+    parts = _op(cat.operands[0], "torch.prim.ListConstruct").operands
+    if len(parts) != 2:
+        raise _NoMatch(f"scores concatenated from {len(parts)} tensors, not scores and one sink column")
+    _only_use(cat.operands[0], "the concatenated list")
+    if not shifted:  # (shifted: its users are the maximum and the subtraction, checked above)
+        _only_use(x, "the scores with their sink column")
+    scores, column = parts[0], parts[1]
+    b_, h, m, _ = _rank4(scores)
+    if _rank4(column) != (b_, h, m, Lin((), 1)):
+        raise _NoMatch(f"the column concatenated to the scores is not [B, H, S, 1]: {_sizes(column)}")
+    # column = expand(view(sinks [H] -> [1, H, 1, 1])): every row of head h reads sinks[h]
+    wide = _op(column, *_EXPANDS)
+    per_head = wide.operands[0]
+    if _sizes(per_head) != (Lin((), 1), h, Lin((), 1), Lin((), 1)):
+        raise _NoMatch("the sink column is not one value per head broadcast over batch and queries")
+    view = _op(per_head, *_VIEWS)
+    sinks = view.operands[0]
+    if _sizes(sinks) != (h,):
+        raise _NoMatch(f"the sinks are not one [H] vector: {_sizes(sinks)}")
+    if _dtype(sinks) != _dtype(scores):
+        raise _NoMatch("sinks of another dtype than the scores")
+    return scores, sinks
+
+
+def _drop_sink_column(p: ir.Value, keys) -> ir.Value:
+    """The probabilities ``p[..., :-1]`` (the sink's column dropped): the only use of ``p``."""
+    cut = _only_use(p, "the probabilities with the sink column")
+    if op_name(cut) != "torch.aten.slice.Tensor" or const_int(cut.operands[1]) not in (-1, 3) \
+            or const_int(cut.operands[2]) != 0 or const_int(cut.operands[4]) != 1 \
+            or _sizes(cut.results[0])[3] != keys:
+        raise _NoMatch("the probabilities are not sliced back to the keys (the sink column dropped)")
+    return cut.results[0]
 
 
 def _pv_result(p: ir.Value) -> ir.Value:
@@ -276,7 +343,12 @@ def fuse_attention(module) -> int:
                                         attributes={"value": ir.BoolAttr.get(False)}).result
             scale = ir.Operation.create("torch.constant.float", results=[ir.Type.parse("!torch.float")],
                                         attributes={"value": ir.FloatAttr.get_f64(m.scale)}).result
-            sdpa = b.torch_op(SDPA_OP, [m.q, m.k, m.v, mask, zero, false, scale, false], m.out.type)
+            operands = [m.q, m.k, m.v, mask, zero, false, scale, false]
+            if m.sinks is None:
+                sdpa = b.torch_op(SDPA_OP, operands, m.out.type)
+            else:
+                sdpa = ir.Operation.create("torch.operator", results=[m.out.type], operands=operands + [m.sinks],
+                                           attributes={"name": ir.StringAttr.get(SINK_ATTENTION)}).result
         if m.fill_finite:  # rows masked everywhere keep eager's answer (see EMPTY_ROWS_ATTR)
             sdpa.owner.attributes[EMPTY_ROWS_ATTR] = ir.StringAttr.get(EmptyRows.MEAN.value)
         m.out.replace_all_uses_except(sdpa, sdpa.owner.operation)
@@ -289,7 +361,8 @@ class FuseAttention(ModulePass):
     """Replace hand-written softmax attention, proven from the IR, by one SDPA op.
 
     The chain must be exactly ``softmax(q @ k^T * scale + mask) @ v`` without dropout
-    (module docstring: what is matched). The dead chain is left to ``autosp-dce``.
+    (module docstring: what is matched); with a per-head sink column concatenated to the
+    scores and dropped after the softmax (gpt-oss) it becomes ``torch.autosp.sink_attention``. The dead chain is left to ``autosp-dce``.
 
     Input::
 

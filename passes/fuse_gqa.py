@@ -73,7 +73,7 @@ def fuse_gqa(module) -> int:
     count = 0
     for func in funcs(module):
         for op in list(func.regions[0].blocks[0].operations):
-            if op_name(op) != ops.SDPA_OP or len(op.operands) < 8:
+            if not ops.is_sdpa(op) or len(op.operands) < 8:
                 continue
             flag = producer(op.operands[7])
             if flag is None or op_name(flag) != "torch.constant.bool" or ir.BoolAttr(flag.attributes["value"]).value:

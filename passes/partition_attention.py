@@ -44,6 +44,7 @@ from autosp.ir.contract import (
     EMPTY_ROWS_ATTR,
     KEY_PADDING_ATTR,
     RING_ATTENTION,
+    SINK_HEADS_ATTR,
     SP_CHOICE_ATTR,
     SP_LAYOUT_ATTR,
     WINDOW_ATTR,
@@ -121,7 +122,7 @@ def ring_blocker(op, kind: str) -> str | None:
     if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
-    if EMPTY_ROWS_ATTR in op.attributes:
+    if EMPTY_ROWS_ATTR in op.attributes and not ops.is_sink_attention(op):  # (with sinks: zeros, as the ring)
         return (f"its queries whose keys are all masked attend as eager attention's "
                 f"'{ir.StringAttr(op.attributes[EMPTY_ROWS_ATTR]).value}' rule says (a mean over every rank's values); "
                 "the ring gives them zeros (SDPA's boolean-mask answer: attn_implementation='sdpa')")
@@ -273,6 +274,8 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
                                          "static")
         local_out = [out_shape[0], out_heads // sp_size, None, out_shape[3]]
         attrs = {n: op.attributes[n] for n in op.attributes}
+        if ops.is_sink_attention(op):  # the sinks stay [H]: each rank reads its heads' chunk
+            attrs[SINK_HEADS_ATTR] = ir.StringAttr.get(group)
         attention = ir.Operation.create(op_name(op), results=[b.vtensor_type(local_out, out_dtype)],
                                         operands=new_operands, attributes=attrs)
     with ir.InsertionPoint.after(attention), op.location:
@@ -293,10 +296,15 @@ def to_ring(op, group: str, seq_len: ir.Value) -> None:
     window = ir.IntegerAttr(op.attributes[WINDOW_ATTR]).value if WINDOW_ATTR in op.attributes else 0
     scale = const_float(op.operands[6]) or 0.0  # (none: 0.0, the op's spelling of 1/sqrt(D))
     padded = KEY_PADDING_ATTR in op.attributes
-    operands = [q, k, v, seq_len] + ([mask] if DOCUMENTS_ATTR in op.attributes or padded else [])
+    masks = [mask] if DOCUMENTS_ATTR in op.attributes or padded else []
+    sinks = [op.operands[8]] if ops.is_sink_attention(op) else []
     with ir.InsertionPoint(op), op.location:
-        ring = b.autosp_op(RING_ATTENTION, operands, op.results[0].type, is_causal=int(causal), window=window,
-                           scale=float(scale), group=group, key_padding=int(padded))
+        ring = b.autosp_op(RING_ATTENTION, [q, k, v, seq_len] + masks + sinks, op.results[0].type,
+                           is_causal=int(causal), window=window, scale=float(scale), group=group,
+                           key_padding=int(padded))
+        ring.owner.attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get([1, 1, 1, 1, len(masks), len(sinks)])
+    if SINK_HEADS_ATTR in op.attributes:  # (hybrid: this rank's Ulysses heads)
+        ring.owner.attributes[SINK_HEADS_ATTR] = op.attributes[SINK_HEADS_ATTR]
     op.results[0].replace_all_uses_with(ring)
     op.erase()
 

@@ -489,11 +489,7 @@ def _is_zeros(value) -> bool:
 
 def _schema_name(op) -> str:
     """The aten name of ``op``, also for a ``torch.operator "torch.aten.X"`` torch-mlir kept opaque."""
-    name = op_name(op)
-    if name == "torch.operator" and "name" in op.attributes:
-        inner = ir.StringAttr(op.attributes["name"]).value
-        return inner if inner.startswith("torch.") else "torch." + inner
-    return name
+    return ops.operator_name(op)
 
 
 def _dim_sources(op) -> list:

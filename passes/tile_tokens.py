@@ -68,7 +68,7 @@ from autosp.ir.contract import (
     TILES_ATTR,
 )
 from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
-from autosp.ir.ops import LIST_CONSTRUCT, SDPA_OP
+from autosp.ir.ops import LIST_CONSTRUCT, is_sdpa
 from autosp.ir.pass_base import ModulePass, PassOptionError
 
 _log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def sequence_extents(func) -> dict:
             found = ("shard", 0, 0) if seq == split else FULL if seq == concat else object()
         elif name == ALL_GATHER:
             found = FULL
-        elif name == SDPA_OP and op.operands[0] in node:
+        elif is_sdpa(op) and op.operands[0] in node:
             found = node[op.operands[0]]  # the query's positions
         elif seq_operands and (name in _KEEP_LENGTH or row_wise(op) is None):
             found = join(seq_operands + [object()])

@@ -108,6 +108,32 @@ def test_negative_control_ring_pairs_on_the_math_path():
     assert step.quadratic and not step.kernels(), (step.kernels(), step.problems())
 
 
+def _gpt_oss():
+    return transformers.GptOssConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4,
+                                     num_experts_per_tok=2, sliding_window=128, use_cache=False,
+                                     layer_types=["sliding_attention", "full_attention"],
+                                     max_position_embeddings=1 << 18)
+
+
+@pytest.mark.parametrize("call", ["plain", "padded"])
+def test_gpt_oss_sink_attention_runs_fused_kernels_in_pieces(call):
+    """gpt-oss's sink attention on CUDA: the full causal layer one flash call (plain) and
+    the window (and any padding) in pieces of 512 positions, each pair the flash or the
+    efficient kernel with a piece-sized mask: no [S, S] tensor."""
+    for step in cuda_step(_gpt_oss(), S, sp_size=4, call=call, ranks=[0]):
+        step.check()
+        kinds = step.kernels()
+        assert set(kinds) <= {"flash", "flash backward", "efficient", "efficient backward"}, kinds
+        assert kinds.get("efficient", 0) > 0 and kinds.get("efficient") == kinds.get("efficient backward"), kinds
+
+
+def test_negative_control_gpt_oss_sink_attention_on_the_math_path():
+    with ring.force_math():
+        step = cuda_step(_gpt_oss(), S, sp_size=4, call="plain", ranks=[0])[0]
+    assert step.quadratic and not step.kernels(), (step.kernels(), step.problems())
+
+
 def test_fsdp2_and_memory_budget_with_offload():
     steps = cuda_step(_llama(num_hidden_layers=3), S, sp_size=2, call="position_ids", fsdp=2)
     for step in steps:

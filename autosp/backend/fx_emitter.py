@@ -28,10 +28,10 @@ from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_IN
 
 from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
-from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, WINDOW_ATTR
+from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, SINK_HEADS_ATTR, WINDOW_ATTR
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import SDPA_OP
+from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
 from autosp.runtime import attention, collectives
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
@@ -90,26 +90,32 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS[contract.VOCAB_LOGPROB] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
-def ring_attention(q, k, v, seq_len, mask=None, *, is_causal: int, window: int, scale: float, group: str,
-                   key_padding: int = 0):
+def ring_attention(q, k, v, seq_len, mask=None, sink_logits=None, *, is_causal: int, window: int, scale: float,
+                   group: str, key_padding: int = 0, heads_group: str | None = None):
     """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
     ranks' pieces of the sequence read from the group's layout (each ring rank attends
     with its ring group's frame), the [B, 1, 1, S] ``mask`` operand as [B, S] (document
     ids, or with ``key_padding = 1`` the boolean key padding), and the attributes' "none"
     spellings (``window`` 0, ``scale`` 0.0) as None. Under torch.compile (``backend=``):
-    the same ring as the opaque op ``autosp::ring_attention``."""
+    the same ring as the opaque op ``autosp::ring_attention``. ``sink_logits``: the [H]
+    sinks (``heads_group``: the Ulysses group whose rank picks this rank's chunk)."""
     from autosp.runtime import ring
+    if sink_logits is not None:
+        sink_logits = attention.heads_chunk(sink_logits, q.shape[1], heads_group)
     rows = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
     ids, keep = (None, rows) if key_padding else (rows, None)
     if torch.compiler.is_compiling():
+        if sink_logits is not None:
+            raise NotImplementedError("autosp.ring_attention with attention sinks under torch.compile (backend=) "
+                                      "is not supported; compile without a backend")
         return ring.ring_attention_op(q, k, v, ids, keep, seq_len, group, bool(is_causal), float(scale),
                                       int(window))[0]
     return ring.ring_attention(q, k, v, pieces=ring.layout_pieces(group, seq_len), group=group,
                                is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None,
-                               key_padding=keep)
+                               key_padding=keep, sinks=sink_logits)
 
 
-_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "mask"))
+_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "mask", "sink_logits"))
 
 
 def resolve_torch_op(name: str):
@@ -233,9 +239,11 @@ class _Emitter:
             self.graph.output(outs)
         elif name in _AUTOSP_OPS:
             fn, operand_names = _AUTOSP_OPS[name]
-            kwargs = {n: self.get(v, op) for n, v in zip(operand_names, op.operands)}
+            kwargs = {n: self.get(v, op) for n, v in zip(_present(op, operand_names), op.operands)}
             kwargs.update({n: _attr_value(op.attributes[n]) for n in op.attributes
-                           if not n.startswith(contract.PREFIX)})  # autosp.* are plan annotations
+                           if not n.startswith(contract.PREFIX) and n != _SEGMENTS})  # autosp.*: plan annotations
+            if SINK_HEADS_ATTR in op.attributes:  # (ring attention with sinks inside Ulysses)
+                kwargs["heads_group"] = _attr_value(op.attributes[SINK_HEADS_ATTR])
             self.values[op.results[0]] = self.graph.call_function(fn, (), kwargs)
         elif name.startswith("torch."):
             self.emit_torch_op(op, name)
@@ -251,6 +259,13 @@ class _Emitter:
         if parts[1] == "aten" and len(parts) == 4 and parts[3] in _SCALAR_OVERLOADS and parts[2] in _SCALAR_OPS:
             node = self.graph.call_function(_SCALAR_OPS[parts[2]], tuple(operands))
             self._bind_results(op, node)
+            return
+        if name == SINK_ATTENTION:  # SDPA's operands and the sinks; its proven mask in attributes
+            attrs = op.attributes
+            kwargs = {"documents": DOCUMENTS_ATTR in attrs, "key_padding": KEY_PADDING_ATTR in attrs,
+                      "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
+                      "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
+            self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
             return
         target = resolve_torch_op(name)
         if target is None:
@@ -282,6 +297,18 @@ class _Emitter:
         else:
             for i, r in enumerate(results):
                 self.values[r] = self.graph.call_function(operator.getitem, (node, i))
+
+
+_SEGMENTS = "operandSegmentSizes"  # (an op with several optional operands: how many of each it has)
+
+
+def _present(op, names: tuple) -> list:
+    """The names of ``op``'s operands in order: ``names``, less the optional ones absent
+    by its ``operandSegmentSizes`` (where it has them)."""
+    if _SEGMENTS not in op.attributes:
+        return list(names)
+    sizes = ir.DenseI32ArrayAttr(op.attributes[_SEGMENTS])
+    return [n for n, size in zip(names, sizes) for _ in range(size)]
 
 
 def _convert(arg_type: str, value):

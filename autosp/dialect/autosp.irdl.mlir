@@ -129,7 +129,10 @@ irdl.dialect @autosp {
   // and j (key): `is_causal` (j <= i), `window` (i - j < window; 0: none), and with the
   // optional `mask` ([B, 1, 1, S], replicated): document ids, doc[i] == doc[j], or with
   // `key_padding` = 1 a boolean key padding, mask[j] (a query that sees no key gets
-  // zeros). `scale` 0.0: 1/sqrt(D).
+  // zeros). `scale` 0.0: 1/sqrt(D). The optional `sink_logits` are the [H] sinks
+  // (gpt-oss): exp(sinks[h]) joins every row's softmax denominator once, after the
+  // blocks are merged (the op's `autosp.sink_heads`, inside Ulysses: the group whose rank
+  // picks this rank's chunk of them).
   irdl.operation @ring_attention {
     %query = irdl.base "!torch.vtensor"
     %kv = irdl.base "!torch.vtensor"
@@ -142,7 +145,9 @@ irdl.dialect @autosp {
     %scale = irdl.base "#builtin.float"
     %group = irdl.base "#builtin.string"
     %padding = irdl.base "#builtin.integer"
-    irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, mask: optional %ids)
+    %logits = irdl.base "!torch.vtensor"
+    irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, mask: optional %ids,
+                  sink_logits: optional %logits)
     irdl.results(output: %result)
     irdl.attributes { "is_causal" = %causal, "window" = %window, "scale" = %scale, "group" = %group,
                       "key_padding" = %padding }

@@ -135,6 +135,8 @@ DOCUMENTS_ATTR = _attr("autosp.documents", "sdpa", "unit",
                        "with is_causal: the mask operand is [B, 1, 1, S] document ids; attention stays inside one")
 EMPTY_ROWS_ATTR = _attr("autosp.empty_rows", "sdpa", "string",
                         "a query whose keys are all masked attends as eager attention did", EmptyRows)
+SINK_HEADS_ATTR = _attr("autosp.sink_heads", "sdpa", "string",
+                        "sink attention on this rank's heads: the group whose rank picks its chunk of the [H] sinks")
 UNFUSED_ATTR = _attr("autosp.unfused_attention", "softmax", "string",
                      "why softmax attention could not be fused into SDPA (its [S, S] scores stay)")
 

@@ -20,6 +20,10 @@ from autosp.ir.contract import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, LOCAL_LEN, RE
 
 # ---------------------------------------------------------------- attention
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
+# Attention with per-head sink logits in the softmax denominator (gpt-oss), as
+# autosp-fuse-attention writes it: a ``torch.operator`` with SDPA's 8 operands and the
+# sinks ``[H]`` as operand 8. Every SDPA rule (mask proofs, GQA, partitioning) holds for it.
+SINK_ATTENTION = "torch.autosp.sink_attention"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
@@ -114,6 +118,29 @@ COMMUNICATION_OPS = (ALL_TO_ALL, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RING_AT
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.
 SIDE_EFFECT_OPS = ("func.return", "torch.overwrite.tensor.contents", "torch.prim.Print", "torch.runtime.assert")
+
+
+def operator_name(op) -> str:
+    """The name an op is known by: its registered name, or for a ``torch.operator`` (an op
+    torch-mlir keeps opaque, or one autosp writes) the operator it names, as
+    ``torch.<ns>.<op>``."""
+    name = op.operation.name
+    if name == "torch.operator" and "name" in op.attributes:
+        from torch_mlir import ir
+        inner = ir.StringAttr(op.attributes["name"]).value
+        return inner if inner.startswith("torch.") else "torch." + inner
+    return name
+
+
+def is_sdpa(op) -> bool:
+    """SDPA, or SDPA with attention sinks (:data:`SINK_ATTENTION`): an op whose operands
+    0-7 are SDPA's (q, k, v, mask, dropout, is_causal, scale, enable_gqa)."""
+    return operator_name(op) in (SDPA_OP, SINK_ATTENTION)
+
+
+def is_sink_attention(op) -> bool:
+    """Attention with sinks (:data:`SINK_ATTENTION`; its operand 8 is the sinks ``[H]``)."""
+    return operator_name(op) == SINK_ATTENTION
 
 
 def is_inplace(name: str) -> bool:

@@ -288,7 +288,7 @@ def analyze_sequence(module, require_attention: bool = True) -> SequenceInfo:
         elif any(r not in info.dims for r in op.results):
             _propagate_unbound(op, info)
 
-        if name == ops.SDPA_OP:
+        if ops.is_sdpa(op):
             info.attention.append((op, AttentionKind.SDPA))
         elif name in ops.SOFTMAX_OPS and len(info.seq_dims(op.operands[0])) >= 2:
             info.attention.append((op, AttentionKind.MANUAL))

@@ -111,7 +111,10 @@ def meta_model(model_or_config, dtype: torch.dtype | None) -> torch.nn.Module:
     elif hasattr(model_or_config, "to_dict") and hasattr(model_or_config, "model_type"):  # a transformers config
         from transformers import AutoModelForCausalLM
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_or_config, attn_implementation="sdpa")
+            try:
+                model = AutoModelForCausalLM.from_config(model_or_config, attn_implementation="sdpa")
+            except ValueError:  # a family without an SDPA implementation (gpt-oss): its eager attention
+                model = AutoModelForCausalLM.from_config(model_or_config, attn_implementation="eager")
     else:
         raise TypeError("estimate_memory expects an nn.Module, an autosp LlamaConfig, a transformers config "
                         f"or a preset name, got {type(model_or_config).__name__}")

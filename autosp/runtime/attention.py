@@ -430,3 +430,65 @@ def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         order = torch.cat(spans)
         outs.append(torch.cat(parts, dim=-2).index_select(-2, torch.argsort(order)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def sink_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                   sinks=None, *, window: int | None = None, documents: bool = False, key_padding: bool = False,
+                   heads_group: str | None = None):
+    """Softmax attention with per-head sink logits in the denominator (gpt-oss): for head
+    h, ``softmax([scores, sinks[h]])`` with the sink's column dropped before ``@ v``.
+    SDPA's arguments (``attn_mask`` as ``autosp-causal-mask`` left it: None, a [B, 1, 1, S]
+    key padding with ``key_padding``, document ids with ``documents``, or a kept mask) and
+    the full ``[H]`` ``sinks``; inside Ulysses attention (``heads_group``) this rank holds
+    heads ``[r * H/P, (r + 1) * H/P)`` of the group and reads that chunk of the sinks.
+
+    Proven masks run as :func:`autosp.runtime.ring.local_attention` (fused kernels, the
+    sinks folded into the log-sum-exp, O(S) bytes). A query that sees no key gets zeros,
+    which is eager's answer too: its masked scores are swamped by the sink. A kept mask
+    runs the math form (its [S, S] scores: the mask is [S, S] already)."""
+    from autosp.runtime import ring
+    if sinks is None:
+        raise ValueError("sink_attention: sinks are required")
+    if dropout_p != 0.0:
+        raise ValueError("sink_attention: no dropout")
+    heads = query.shape[1]
+    if key.shape[1] != heads and not enable_gqa:
+        raise ValueError(f"sink_attention: {heads} query heads and {key.shape[1]} key heads without enable_gqa")
+    sinks = heads_chunk(sinks, heads, heads_group)
+    if attn_mask is not None and not (documents or key_padding):
+        return _sink_math(query, key, value, attn_mask, is_causal, scale, sinks)
+    rows = None if attn_mask is None else attn_mask.reshape(attn_mask.shape[0], attn_mask.shape[-1])
+    return ring.local_attention(query, key, value, is_causal=bool(is_causal), scale=scale,
+                                doc_ids=rows if documents else None, window=window,
+                                key_padding=rows if key_padding else None, sinks=sinks)
+
+
+def heads_chunk(sinks: torch.Tensor, heads: int, group: str | None) -> torch.Tensor:
+    """The sinks of this rank's ``heads`` query heads: all of ``sinks`` where it has that
+    many, else (inside Ulysses attention on ``group``) the chunk ``[r * heads, (r + 1) *
+    heads)`` of group rank r, as the all-to-all split the heads."""
+    if sinks.shape[0] == heads:
+        return sinks
+    from autosp.runtime import collectives
+    if group is None or sinks.shape[0] != heads * collectives.group_size(group):
+        raise ValueError(f"attention sinks: {sinks.shape[0]} sinks for {heads} query heads"
+                         + ("" if group is None else f" on each of the {collectives.group_size(group)} ranks of {group}"))
+    return sinks.narrow(0, collectives.group_rank(group) * heads, heads)
+
+
+def _sink_math(query, key, value, mask, is_causal, scale, sinks):
+    """Sink attention written out, under a kept (arbitrary) mask: what eager computes."""
+    s = query.shape[-2]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    if key.shape[1] != query.shape[1]:
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    scores = (query @ key.transpose(-1, -2)) * scale
+    if mask.dtype == torch.bool:
+        mask = torch.where(mask, 0.0, float("-inf")).to(scores.dtype)
+    scores = scores + mask
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool, device=query.device).tril(), float("-inf"))
+    column = sinks.reshape(1, -1, 1, 1).expand(scores.shape[0], -1, s, 1).to(scores.dtype)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return probs @ value

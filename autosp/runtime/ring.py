@@ -501,25 +501,48 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
     return dq.to(q.dtype), part[0].to(k.dtype), part[1].to(v.dtype)
 
 
+def _add_sinks(out, lse, sinks):
+    """Fold per-head sink logits into the softmax denominator of finished rows: with
+    ``L' = logaddexp(L, sink_h)`` the output is ``out * exp(L - L')`` and ``L'`` is the
+    log-sum-exp the backward reads (a row that saw no key: zeros, as eager gives it)."""
+    s = sinks.to(lse.dtype)[None, :, None]
+    new = torch.logaddexp(lse, s)
+    return (out.to(lse.dtype) * torch.exp(lse - new)[..., None]).to(out.dtype), new
+
+
+def _sink_grad(dout, out, lse, sinks):
+    """d loss / d sinks: the sink's probability ``exp(sink_h - L')`` times ``-rowsum(dO * O)``
+    (softmax's backward for the sink column, whose value is 0), summed over batch and rows."""
+    acc = lse.dtype
+    delta = (dout.to(acc) * out.to(acc)).sum(-1)
+    p_sink = torch.exp(sinks.to(acc)[None, :, None] - lse)
+    return -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec):
+    def forward(ctx, q, k, v, spec, sinks=None):
         out, lse = _ring_forward(q, k, v, spec)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sinks is not None:  # the sinks enter once, after every block is merged
+            out, lse = _add_sinks(out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.spec = spec
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        # With sinks, out and lse are the final ones: each block's share of dq, dk, dv is
+        # the kernel's backward at them (P = exp(S - L'), delta = rowsum(dO * O)).
         dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, ctx.spec)
-        return dq, dk, dv, None
+        dsinks = None if sinks is None else _sink_grad(dout, out, lse, sinks)
+        return dq, dk, dv, None, dsinks
 
 
 # ----------------------------------------------------------------------------- entry
 def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, scale: float | None = None,
                    doc_ids: torch.Tensor | None = None, window: int | None = None,
-                   key_padding: torch.Tensor | None = None) -> torch.Tensor:
+                   key_padding: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention of this rank's queries over the whole ring's keys (see the module doc).
 
     ``query`` is ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hkv, L, D]`` with ``Hq % Hkv ==
@@ -532,7 +555,9 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
     the keys ``i - window < j <= i``. ``key_padding`` is the full ``[B, S]`` or ``[1, S]``
     boolean tensor (replicated): key ``j`` of row ``b`` is visible only where it is True; a
     query that sees no key gets zeros (SDPA's answer under a boolean mask). ``scale``
-    defaults to ``1 / sqrt(D)``.
+    defaults to ``1 / sqrt(D)``. ``sinks`` (``[Hq]``, gpt-oss's learned sink logits) adds
+    ``exp(sinks[h])`` to every row's softmax denominator of head h, once, after the ring's
+    blocks are merged; it is differentiable too.
 
     Returns ``[B, Hq, L, D]`` in ``query``'s dtype: rows of
     ``F.scaled_dot_product_attention(q_full, k_full, v_full, attn_mask=mask)`` at this
@@ -540,7 +565,46 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
     Every rank of the group must call it with the same ``pieces``.
     """
     spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding)
-    return _RingAttention.apply(query, key, value, spec)
+    return _RingAttention.apply(query, key, value, spec, _check_sinks(sinks, query))
+
+
+def _check_sinks(sinks, query):
+    """``sinks`` checked to be one value per query head, or None."""
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.shape != (query.shape[1],)):
+        shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"attention sinks must be one value per query head [{query.shape[1]}], got {shape}")
+    return sinks
+
+
+def local_attention(query, key, value, *, is_causal: bool, scale: float | None = None,
+                    doc_ids: torch.Tensor | None = None, window: int | None = None,
+                    key_padding: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                    block: int = 512) -> torch.Tensor:
+    """:func:`ring_attention` on one rank holding the whole sequence (no communication):
+    the same masks and sinks, with the same fused kernels and backward. Plain causal or
+    unmasked attention is one kernel call; with a window, documents or key padding the
+    sequence is cut into pieces of ``max(block, window)`` positions so that each (query
+    piece, key piece) pair is skipped, run whole, run causal, or masked by a piece-sized
+    mask: never an S x S one (O(S) bytes kept; the pairs cost one kernel call each)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"local_attention: {name} must be [B, H, S, D], got {getattr(t, 'shape', t)!r}")
+    b, _, s, d = query.shape
+    if window is not None and (not is_causal or int(window) < 1):
+        raise ValueError(f"local_attention: a window needs is_causal=True and window >= 1, got {window}")
+    if doc_ids is not None:
+        doc_ids = _full_rows("doc_ids", doc_ids, b, s, query.device)
+    if key_padding is not None:
+        key_padding = _full_rows("key_padding", key_padding, b, s, query.device)
+        if key_padding.dtype != torch.bool:
+            raise ValueError(f"local_attention: key_padding must be boolean (True: visible), got {key_padding.dtype}")
+    piece = s if window is None and doc_ids is None and key_padding is None else max(int(block), int(window or 0))
+    layout = [(a, min(a + piece, s), a) for a in range(0, s, max(piece, 1))]
+    spec = _Spec(layouts=[layout], lengths=[s], group="", ranks=1, rank=0, causal=bool(is_causal),
+                 window=None if window is None else int(window), docs=doc_ids, keep=key_padding,
+                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(d), simulated=True,
+                 kernel=_use_kernel(query))
+    return _RingAttention.apply(query, key, value, spec, _check_sinks(sinks, query))
 
 
 def _full_rows(name: str, t, b: int, seq_len: int, device) -> torch.Tensor:

@@ -1,0 +1,141 @@
+"""gpt-oss, unmodified, made sequence-parallel (issue 26: attention sinks).
+
+gpt-oss's eager attention concatenates a learned per-head sink logit to the scores,
+takes the softmax and drops the sink's column: ``autosp-fuse-attention`` proves that
+form and writes one ``torch.autosp.sink_attention`` op (SDPA's operands and the [H]
+sinks), whose masks ``autosp-causal-mask`` proves like any SDPA's (alternating sliding
+window and full causal layers, key padding). Ulysses gives each rank its heads' chunk of
+the sinks; the ring folds them into the log-sum-exp once, after the blocks are merged.
+
+A tiny config (2 layers: sliding window 4 then full attention, GQA 4/2 heads, 4
+experts, the router aux loss): loss, aux loss, gathered logits and router logits and
+every gradient against single-device eager, then 3 AdamW steps, with Ulysses at P = 2
+(S = 15, left and right padding) and P = 4 (S = 19), a ring at P = 2 (S = 16), and a
+2 x 2 Ulysses x ring mesh at P = 4 (S = 19, padding). Bytes kept for backward grow at
+most 2.3x from S to 2S. Negative controls: the sinks dropped from the denominator, and
+each rank reading the first ranks' sinks chunk, must each break parity.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "GptOssConfig"):  # pragma: no cover
+    pytest.skip("transformers without gpt-oss", allow_module_level=True)
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
+
+TOL = 1e-5
+VOCAB = 128
+
+
+def _model():
+    cfg = transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4,
+                                    num_experts_per_tok=2, sliding_window=4,
+                                    layer_types=["sliding_attention", "full_attention"], use_cache=False,
+                                    output_router_logits=True, router_aux_loss_coef=0.02)
+    cfg._attn_implementation = "eager"
+    model = transformers.GptOssForCausalLM(cfg).float()
+    with torch.no_grad():  # sinks start at 0 in the init: make them matter
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    return model
+
+
+def _kwargs(ids, pad: bool):
+    if not pad:
+        return {"input_ids": ids, "labels": ids}
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    mask[1, -(ids.shape[1] // 3):] = 0  # right padding
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def _run_case(strategy, seq, pad, seed, control=None):
+    import autosp
+    from autosp.planning.memory import SavedTensors
+    from autosp.runtime import attention, ring
+    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    torch.manual_seed(seed)
+    model = _model()
+    reference = copy.deepcopy(model)
+    originals = (ring._add_sinks, attention.heads_chunk)
+    if control == "no_sinks":
+        ring._add_sinks = lambda out, lse, sinks: (out, lse)
+    elif control == "first_chunk":
+        attention.heads_chunk = lambda sinks, heads, group: sinks.narrow(0, 0, heads)
+    try:
+        compiled = autosp.compile(model, gather_outputs=True, sp_strategy=strategy)
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = parity(reference, compiled, **_kwargs(ids, pad))
+        result = {"outputs": report.outputs, "grads": report.max_grad_error}
+        if control:
+            return result
+        ir = compiled.programs[0].mlir["transformed"]
+        result["sink_ops"] = ir.count('"torch.autosp.sink_attention"') + ir.count("1, 1, 1, 1, 0, 1>") \
+            + ir.count("1, 1, 1, 1, 1, 1>")
+        result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
+        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
+        steps = []
+        for _ in range(3):
+            kw = _kwargs(torch.randint(0, VOCAB, (2, seq), generator=gen), pad)
+            for m, o in ((reference, opt_ref), (compiled, opt)):
+                o.zero_grad()
+                m(**kw).loss.backward()
+            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+            opt_ref.step()
+            opt.step()
+            steps.append((grads, parameter_distance(reference, model)))
+            align_parameters(model, reference)
+        result["steps"] = steps
+        saved = []
+        for s in (seq * 2, seq * 4):  # bytes kept for backward at S and 2S (this rank's)
+            kw = _kwargs(torch.randint(0, VOCAB, (2, s), generator=gen), pad)
+            with SavedTensors(list(model.parameters())) as kept:
+                out = compiled(**kw)
+            saved.append(kept.bytes)
+            del out
+        result["saved_growth"] = saved[1] / saved[0]
+        return result
+    finally:
+        ring._add_sinks, attention.heads_chunk = originals
+
+
+CASES = {2: [("ulysses", 15, True), ("ring", 16, False)], 4: [("ulysses", 19, False), ("hybrid", 19, True)]}
+
+
+def _body(rank, world, queue, seed):
+    queue.put((rank, {f"{st} S={s} pad={p}": _run_case(st, s, p, seed + i)
+                      for i, (st, s, p) in enumerate(CASES[world])}))
+
+
+@pytest.mark.parametrize("world", sorted(CASES))
+def test_gpt_oss_matches_single_device(world, _fresh_seed):
+    results = run_ranks(_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            where = f"rank {rank}, {case}, P={world}: {r}"
+            assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
+            for grads, params in r["steps"]:
+                assert grads <= TOL and params <= TOL, where
+            assert r["sink_ops"] == 2, where  # both layers ran as sink attention (Ulysses op or ring operand)
+            assert r["kept"] == 0, where  # no S x S mask or scores kept: window, causal and padding proven
+            assert r["saved_growth"] <= 2.3, where
+
+
+def _control_body(rank, world, queue, seed):
+    queue.put((rank, {c: _run_case("ulysses", 15, False, seed, control=c) for c in ("no_sinks", "first_chunk")}))
+
+
+def test_dropped_or_misread_sinks_break_parity(_fresh_seed):
+    results = run_ranks(_control_body, 2, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            assert max(r["outputs"].values()) > 1e-3, (rank, case, r)
