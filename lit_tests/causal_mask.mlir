@@ -966,3 +966,110 @@ func.func @one_row_causal_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch.v
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,1,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
   return %0 : !torch.vtensor<[2,2,?,8],f32>
 }
+
+// -----
+
+// Llama 4's chunked attention: q // 4 == k // 4 and k <= q. The chunk ids floor(i / 4)
+// are one derived tensor (same formula, whatever its broadcast): proven documents, built
+// from the keys' ids by reading index 0 of the dims they do not use, as [1, 1, 1, S].
+// CHECK-LABEL: func.func @chunked_attention_documents
+// CHECK: %[[KC:.*]] = torch.aten.div.Tensor_mode %{{.*}} -> !torch.vtensor<[1,1,1,?],si64>
+// CHECK: %[[A:.*]] = torch.aten.select.int %[[KC]], %int2{{[_0-9]*}}, %int0{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,1,?],si64>
+// CHECK: %[[B:.*]] = torch.aten.select.int %[[A]], %int1{{[_0-9]*}}, %int0{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,?],si64>
+// CHECK: %[[C:.*]] = torch.aten.select.int %[[B]], %int0{{[_0-9]*}}, %int0{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[?],si64>
+// CHECK: %[[D:.*]] = torch.aten.unsqueeze %[[C]], %int0{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,?],si64>
+// CHECK: %[[E:.*]] = torch.aten.unsqueeze %[[D]], %int1{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,1,?],si64>
+// CHECK: %[[F:.*]] = torch.aten.unsqueeze %[[E]], %int2{{[_0-9]*}} : {{.*}} -> !torch.vtensor<[1,1,1,?],si64>
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %[[F]], %{{[^,]*}}, %true{{[_0-9]*}}, %none{{[_0-9]*}}, %false {autosp.documents}
+func.func @chunked_attention_documents(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %floor = torch.constant.str "floor"
+  %cpu = torch.constant.device "cpu"
+  %c = torch.vtensor.literal(dense<4> : tensor<si64>) : !torch.vtensor<[],si64>
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int0 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %qi = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %ki = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %qc = torch.aten.div.Tensor_mode %qi, %c, %floor : !torch.vtensor<[1,1,?,1],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,?,1],si64>
+  %kc = torch.aten.div.Tensor_mode %ki, %c, %floor : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,1,?],si64>
+  %same = torch.aten.eq.Tensor %kc, %qc : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %causal = torch.aten.le.Tensor %ki, %qi : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %same, %causal : !torch.vtensor<[1,1,?,?],i1>, !torch.vtensor<[1,1,?,?],i1> -> !torch.vtensor<[1,1,?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}
+
+// -----
+
+// q // 4 == k // 8 is not one tensor of ids read at q and at k: kept.
+// CHECK-LABEL: func.func @chunks_of_different_sizes_kept
+// CHECK: torch.aten.scaled_dot_product_attention {{.*}} {autosp.mask_kept = "formula is not k <= q
+func.func @chunks_of_different_sizes_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %floor = torch.constant.str "floor"
+  %cpu = torch.constant.device "cpu"
+  %c = torch.vtensor.literal(dense<4> : tensor<si64>) : !torch.vtensor<[],si64>
+  %c8 = torch.vtensor.literal(dense<8> : tensor<si64>) : !torch.vtensor<[],si64>
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int0 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %qi = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %ki = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %qc = torch.aten.div.Tensor_mode %qi, %c, %floor : !torch.vtensor<[1,1,?,1],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,?,1],si64>
+  %kc = torch.aten.div.Tensor_mode %ki, %c8, %floor : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,1,?],si64>
+  %same = torch.aten.eq.Tensor %kc, %qc : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %causal = torch.aten.le.Tensor %ki, %qi : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %same, %causal : !torch.vtensor<[1,1,?,?],i1>, !torch.vtensor<[1,1,?,?],i1> -> !torch.vtensor<[1,1,?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}
+
+// -----
+
+// Only rounding_mode = "floor" is modelled: truncating division is data, and the two
+// tensors of ids are different data: kept, naming the op.
+// CHECK-LABEL: func.func @truncated_chunks_kept
+// CHECK: torch.aten.scaled_dot_product_attention {{.*}} {autosp.mask_kept = "formula is not k <= q{{.*}}only rounding_mode='floor' is modelled
+func.func @truncated_chunks_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int4 = torch.constant.int 4
+  %floor = torch.constant.str "trunc"
+  %cpu = torch.constant.device "cpu"
+  %c = torch.vtensor.literal(dense<4> : tensor<si64>) : !torch.vtensor<[],si64>
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %p1 = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %p2 = torch.aten.unsqueeze %p1, %int0 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?],si64>
+  %qi = torch.aten.unsqueeze %p2, %int3 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,?,1],si64>
+  %ki = torch.aten.unsqueeze %p2, %int2 : !torch.vtensor<[1,1,?],si64>, !torch.int -> !torch.vtensor<[1,1,1,?],si64>
+  %qc = torch.aten.div.Tensor_mode %qi, %c, %floor : !torch.vtensor<[1,1,?,1],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,?,1],si64>
+  %kc = torch.aten.div.Tensor_mode %ki, %c, %floor : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[],si64>, !torch.str -> !torch.vtensor<[1,1,1,?],si64>
+  %same = torch.aten.eq.Tensor %kc, %qc : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %causal = torch.aten.le.Tensor %ki, %qi : !torch.vtensor<[1,1,1,?],si64>, !torch.vtensor<[1,1,?,1],si64> -> !torch.vtensor<[1,1,?,?],i1>
+  %m = torch.aten.bitwise_and.Tensor %same, %causal : !torch.vtensor<[1,1,?,?],i1>, !torch.vtensor<[1,1,?,?],i1> -> !torch.vtensor<[1,1,?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
+  return %0 : !torch.vtensor<[2,2,?,8],f32>
+}

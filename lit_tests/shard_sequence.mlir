@@ -428,3 +428,83 @@ func.func @fold_with_inner_dim(%w: !torch.vtensor<[64,2],f32> {autosp.parameter 
   %y = torch.aten.mul.Tensor %flat, %r : !torch.vtensor<[?],f32>, !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
   return %y : !torch.vtensor<[?],f32>
 }
+
+// -----
+
+// A replicated operand whose rows fold the batch with the sequence ([2 * S, 4]) but whose
+// fold no view records: full_like(logits, -inf) as exported (a 0-d literal broadcast to
+// the logits' size). Every row is alike, so this rank's rows need no fold: autosp.shard
+// takes as many as its logits have (Llama 4's router).
+// CHECK-LABEL: func.func @uniform_fold_operand
+// CHECK: %[[Y:.*]] = torch.aten.mm
+// CHECK: %[[T:.*]] = torch.aten.broadcast_to %{{.*}} : !torch.vtensor<[],f32>, !torch.list<int> -> !torch.vtensor<[?,4],f32>
+// CHECK-NEXT: %[[TS:.*]] = "autosp.shard"(%[[T]], %{{.*}}) {dim = 0 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: torch.aten.maximum %[[Y]], %[[TS]]
+func.func @uniform_fold_operand(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                %r: !torch.vtensor<[32,4],f32> {autosp.parameter = "router"},
+                                %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?,4],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int4 = torch.constant.int 4
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %inf = torch.vtensor.literal(dense<0xFF800000> : tensor<f32>) : !torch.vtensor<[],f32>
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %int-1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
+  %x = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %y = torch.aten.mm %x, %r : !torch.vtensor<[?,32],f32>, !torch.vtensor<[32,4],f32> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  %n = torch.aten.size.int %y, %int0 : !torch.vtensor<[?,4],f32>, !torch.int -> !torch.int
+  %sz = torch.prim.ListConstruct %n, %int4 : (!torch.int, !torch.int) -> !torch.list<int>
+  %t = torch.aten.broadcast_to %inf, %sz : !torch.vtensor<[],f32>, !torch.list<int> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %t, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  %z = torch.aten.maximum %y, %t : !torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  return %z : !torch.vtensor<[?,4],f32>
+}
+
+// -----
+
+// torch.repeat(E, 1) of [2 * S, 32] tokens, as torch-mlir decomposes it: an unsqueeze
+// (no shape binding: the analysis inserts the new dim), a broadcast_to from a size list
+// and a view merging the experts with the tokens ([4 * 2 * S, 32], the experts outermost).
+// Each rank repeats its own tokens: no collective, every op local.
+// CHECK-LABEL: func.func @repeat_per_expert
+// CHECK: torch.aten.embedding
+// CHECK: %[[U:.*]] = torch.aten.unsqueeze
+// CHECK-NOT: autosp.shard
+// CHECK-NOT: autosp.all_gather
+// CHECK: %[[B:.*]] = torch.aten.broadcast_to %[[U]]
+// CHECK-NOT: autosp.shard
+// CHECK-NOT: autosp.all_gather
+// CHECK: %[[V:.*]] = torch.aten.view %[[B]]
+// CHECK-NEXT: return %[[V]]
+func.func @repeat_per_expert(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?,32],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int4 = torch.constant.int 4
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %int-1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
+  %x = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %u = torch.aten.unsqueeze %x, %int0 : !torch.vtensor<[?,32],f32>, !torch.int -> !torch.vtensor<[1,?,32],f32>
+  %n = torch.aten.size.int %u, %int1 : !torch.vtensor<[1,?,32],f32>, !torch.int -> !torch.int
+  %sz = torch.prim.ListConstruct %int4, %n, %int32 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %b = torch.aten.broadcast_to %u, %sz : !torch.vtensor<[1,?,32],f32>, !torch.list<int> -> !torch.vtensor<[4,?,32],f32>
+  %v = torch.aten.view %b, %l : !torch.vtensor<[4,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %v, [%s], affine_map<()[s0] -> (s0 * 8, 32)> : !torch.vtensor<[?,32],f32>
+  return %v : !torch.vtensor<[?,32],f32>
+}

@@ -496,3 +496,41 @@ func.func @fold_in_another_order(%w: !torch.vtensor<[64,1],f32> {autosp.paramete
   %y = torch.aten.mul.Tensor %flat, %r : !torch.vtensor<[?],f32>, !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
   return %y : !torch.vtensor<[?],f32>
 }
+
+// -----
+
+// The same [2 * S, 4] operand built from positions (not uniform) with no view recording
+// how its rows fold the batch and the sequence: refused, each rank's slice would take
+// other rows than its own.
+func.func @fold_not_readable(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %r: !torch.vtensor<[32,4],f32> {autosp.parameter = "router"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[?,4],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int4 = torch.constant.int 4
+  %int6 = torch.constant.int 6
+  %int32 = torch.constant.int 32
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %cpu = torch.constant.device "cpu"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %l = torch.prim.ListConstruct %int-1, %int32 : (!torch.int, !torch.int) -> !torch.list<int>
+  %x = torch.aten.view %e, %l : !torch.vtensor<[2,?,32],f32>, !torch.list<int> -> !torch.vtensor<[?,32],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (s0 * 2, 32)> : !torch.vtensor<[?,32],f32>
+  %y = torch.aten.mm %x, %r : !torch.vtensor<[?,32],f32>, !torch.vtensor<[32,4],f32> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  %n = torch.aten.size.int %y, %int0 : !torch.vtensor<[?,4],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %n, %int1, %int6, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],f32>
+  torch.bind_symbolic_shape %pos, [%s], affine_map<()[s0] -> (s0 * 2)> : !torch.vtensor<[?],f32>
+  %u = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?,1],f32>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (s0 * 2, 1)> : !torch.vtensor<[?,1],f32>
+  // expected-error@+1 {{in an order autosp cannot read from the IR}}
+  %z = torch.aten.mul.Tensor %y, %u : !torch.vtensor<[?,4],f32>, !torch.vtensor<[?,1],f32> -> !torch.vtensor<[?,4],f32>
+  torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
+  return %z : !torch.vtensor<[?,4],f32>
+}

@@ -28,7 +28,9 @@ never builds S x S). Two conjuncts over data are recognised beside that structur
 - key padding ``pad[b, k]`` (a [B, S] boolean, e.g. ``attention_mask``): the mask operand
   becomes ``pad`` as [B, 1, 1, S], with ``autosp.key_padding``;
 - documents ``doc[b, q] == doc[b, k]`` (a [B, S] integer: a segment-id input, or ids
-  computed in the model): the operand becomes ``doc`` as [B, 1, 1, S], with
+  computed in the model; ids the model derives from positions by a floor division,
+  Llama 4's chunks ``i // c``, are one derived tensor of the interpreter, built as [1, S]
+  or [B, S] from the model's own computation): the operand becomes ``doc`` as [B, 1, 1, S], with
   ``autosp.documents``. The rest may compare positions ``pos[b, k] <= pos[b, q]`` instead
   of indices (transformers' packed sequences) only when ``doc`` is proven to number the
   runs of consecutive positions: ``doc = cumsum(c)`` with ``c[i]`` exactly
@@ -162,7 +164,7 @@ def prove_causal(sdpa) -> MaskProof:
     if isinstance(allowed, And) and value.rank == 4:
         allowed, padding = _split_key_padding(allowed, k, mask, interpreter)
     if isinstance(allowed, And) and value.rank == 4:
-        allowed, documents = _split_documents(allowed, q, k, mask, interpreter)
+        allowed, documents = _split_documents(allowed, q, k, mask, interpreter, sdpa)
     structure = "k <= q" if allowed == causal else None
     window = _window_of(allowed, q, k)
     if window is not None:
@@ -242,11 +244,12 @@ def _split_key_padding(allowed: And, k: int, mask: ir.Value, interpreter: MaskIn
     return _without(allowed, conjunct), (interpreter.data[name], nonzero)
 
 
-def _split_documents(allowed: And, q: int, k: int, mask: ir.Value, interpreter: MaskInterpreter):
+def _split_documents(allowed: And, q: int, k: int, mask: ir.Value, interpreter: MaskInterpreter, sdpa):
     """``(rest, doc)``: a conjunct ``doc[b, q] == doc[b, k]`` with ``doc`` a [B, S] integer
     data tensor taken out, when the rest reads no other data, or compares positions within
     a document (transformers' packed sequences: :func:`_positions_within_documents`);
-    else ``(allowed, None)``."""
+    else ``(allowed, None)``. Ids the model derives from positions (``i // c``: the
+    interpreter's derived tensors) are built from its own computation before ``sdpa``."""
     found = [(f, d) for f in allowed.args if (d := _document_ids(f, q, k, mask, interpreter)) is not None]
     if len(found) != 1:
         return allowed, None
@@ -254,7 +257,17 @@ def _split_documents(allowed: And, q: int, k: int, mask: ir.Value, interpreter: 
     rest: Formula | None = _without(allowed, conjunct)
     if formula_data(rest):  # type: ignore[arg-type]
         rest = _positions_within_documents(rest, name, batch, q, k, interpreter)  # type: ignore[arg-type]
-    return (allowed, None) if rest is None else (rest, interpreter.data[name])
+    if rest is None:
+        return allowed, None
+    if name not in interpreter.derived:
+        return rest, interpreter.data[name]
+    with ir.InsertionPoint(sdpa), sdpa.location:
+        ids = interpreter.materialise(name)  # (dead if the fold is refused later: left to autosp-dce)
+        shape = b.vtensor_shape(ids.type)
+        assert shape is not None  # the interpreter read it as an integer tensor
+        if batch == Lin() and len(shape[0]) == 1:  # the same ids for every row: [1, S]
+            ids = b.torch_op("torch.aten.unsqueeze", [ids, b.constant_int(0)], b.vtensor_type([1, *shape[0]], shape[1]))
+    return rest, ids
 
 
 def _window_of(allowed: Formula, q: int, k: int) -> int | None:
@@ -278,6 +291,8 @@ def _document_ids(f: Formula, q: int, k: int, mask: ir.Value, interpreter: MaskI
     (u, cu), (w, cw) = f.lin.terms
     if not (isinstance(u, DataVar) and isinstance(w, DataVar)) or u.name != w.name or cu + cw != 0 or abs(cu) != 1:
         return None
+    if len(u.idx) == 1 and u.name in interpreter.derived and {u.idx[0], w.idx[0]} == {Lin.var(q), Lin.var(k)}:
+        return u.name, Lin()  # ids derived from the position alone (Llama 4's chunks: i // c), every row alike
     if len(u.idx) != 2 or u.idx[0] != w.idx[0] or {u.idx[1], w.idx[1]} != {Lin.var(q), Lin.var(k)}:
         return None
     batch = u.idx[0]

@@ -466,25 +466,41 @@ def is_tensor(value) -> bool:
 
 
 def _is_zeros(value) -> bool:
-    """Is ``value`` proven all zeros from its producer (zeros, new_zeros, zeros_like, full or
-    fill with 0, or a broadcast of a zero literal)?"""
+    """Is ``value`` proven all zeros from its producer (see :func:`uniform_fill`)?"""
+    return uniform_fill(value) == 0.0
+
+
+_FILLED = {"torch.aten.zeros": 0.0, "torch.aten.new_zeros": 0.0, "torch.aten.zeros_like": 0.0,
+           "torch.aten.ones": 1.0, "torch.aten.new_ones": 1.0, "torch.aten.ones_like": 1.0}
+_FILLED_WITH = ("torch.aten.full", "torch.aten.new_full", "torch.aten.full_like", "torch.aten.fill.Scalar")
+_SAME_VALUES = ("torch.aten.broadcast_to", "torch.aten.expand", "torch.aten.clone", "torch.aten._to_copy",
+                "torch.aten.to.dtype", "torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
+
+
+def uniform_fill(value) -> float | None:
+    """The one value every element of ``value`` holds, proven from its producer (zeros,
+    ones, full or fill with a constant, a splat literal, and copies, broadcasts and views
+    of those), else None. Any rows of such a tensor are the same, so a rank needs no fold
+    to take its part of it."""
     owner = producer(value)
     if owner is None:
-        return False
+        return None
     name = op_name(owner)
-    if name in ("torch.aten.zeros", "torch.aten.new_zeros", "torch.aten.zeros_like"):
-        return True
-    if name in ("torch.aten.full", "torch.aten.new_full", "torch.aten.full_like", "torch.aten.fill.Scalar"):
-        fill = owner.operands[1]
-        return const_float(fill) == 0.0
-    if name in ("torch.aten.broadcast_to", "torch.aten.expand", "torch.aten.clone", "torch.aten._to_copy",
-                "torch.aten.to.dtype"):
-        return _is_zeros(owner.operands[0])
+    if name in _FILLED:
+        return _FILLED[name]
+    if name in _FILLED_WITH:
+        return const_float(owner.operands[1])
+    if name in _SAME_VALUES:
+        return uniform_fill(owner.operands[0])
     if name == "torch.vtensor.literal":
         attr = owner.attributes["value"]
-        return isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and str(attr.get_splat_value()).startswith(
-            ("0.0", "0 ", "0:", "false")) or str(attr).startswith(("dense<0.0", "dense<0>", "dense<0.000"))
-    return False
+        if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat:
+            item = attr.get_splat_value()
+            if isinstance(item, ir.BoolAttr):
+                return float(item.value)
+            if isinstance(item, (ir.FloatAttr, ir.IntegerAttr)):
+                return float(item.value)
+    return None
 
 
 def _schema_name(op) -> str:

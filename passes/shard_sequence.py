@@ -28,6 +28,7 @@ from autosp.passes.shard_rules import (
     is_tensor,
     list_items,
     op_class,
+    uniform_fill,
 )
 from torch_mlir import ir
 
@@ -145,14 +146,16 @@ class _Rewriter:
         the window's length, or a multiple a of it: rows folding the sequence with other
         dims, read from the views that merged them (``[B, None]``: batch x sequence,
         ``[B, None, k]``: each token's k rows). The fold must be the one the op's sharded
-        operands have (``layouts``), or the rank's slice would hold other rows than theirs."""
+        operands have (``layouts``), or the rank's slice would hold other rows than theirs;
+        a value proven uniform (:func:`uniform_fill`: ``full_like(logits, -inf)``) needs none,
+        its rows being all alike."""
         length = self.info.length(value, dim)
         if not isinstance(length, Linear) or length.a < 1 or length != window.length.times(length.a):
             raise DiagnosticError.at(op, f"needs operand {value.type} sliced along its sequence dim {dim} "
                                          f"(size {length if length is not None else '?'}), which does not match "
                                          f"the window {window.length} of the sharded operands")
         merged = None
-        if length.a > 1:  # rows folding the sequence with other dims: read how, from the views
+        if length.a > 1 and uniform_fill(value) is None:  # rows folding the sequence with other dims: read how, from the views
             merged = _folded_rows(value, dim, self.info.length)
             if merged is None or math.prod(d for d in merged if d is not None) != length.a:
                 raise DiagnosticError.at(op, f"needs operand {value.type} sliced along dim {dim}, whose rows fold the "

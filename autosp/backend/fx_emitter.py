@@ -312,9 +312,14 @@ def _present(op, names: tuple) -> list:
 
 
 def _convert(arg_type: str, value):
+    """An enum operand as its torch value: ``arg_type`` is the schema's ``real_type`` (its
+    ``type`` prints ``int``). torch-mlir numbers dtypes its own way (complex64 is 10, which
+    is torch's ComplexDouble), so a raw int would change the dtype."""
     if value is None or isinstance(value, torch.fx.Node):
         return value
     if "ScalarType" in arg_type and isinstance(value, int):
+        if value not in _INT_TO_DTYPE:
+            raise ValueError(f"dtype number {value} has no torch dtype in torch-mlir's table")
         return _INT_TO_DTYPE[value]
     if "Layout" in arg_type and isinstance(value, int):
         return _INT_TO_LAYOUT[value]
@@ -330,7 +335,10 @@ def _place_arguments(op, target, operands):
                                      f"{len(schema.arguments)}")
     args, kwargs = [], {}
     for arg, value in zip(schema.arguments, operands):
-        value = _convert(str(arg.type), value)
+        try:
+            value = _convert(str(arg.real_type), value)
+        except ValueError as err:
+            raise DiagnosticError.at(op, f"operand {arg.name!r} of {schema.name}: {err}") from None
         if arg.kwarg_only:
             kwargs[arg.name] = value
         else:

@@ -344,6 +344,28 @@ def formula_data(f: Formula) -> list[str]:
     return out
 
 
+def index_vars(lin: Lin) -> list[int]:
+    """The index variables ``lin`` reads, also inside data elements' indices (sorted)."""
+    found: set[int] = set()
+    for v, _ in lin.terms:
+        if isinstance(v, DataVar):
+            for inner in v.idx:
+                found.update(index_vars(inner))
+        elif isinstance(v, int):
+            found.add(v)
+    return sorted(found)
+
+
+def floor_div_name(lin: Lin, divisor: int) -> tuple[str, tuple[int, ...]]:
+    """The name of the derived tensor ``t[j0, j1, ...] = floor(lin / divisor)`` over the
+    index variables ``lin`` reads (``used``, in order, renamed ``j0, j1, ...``), and
+    ``used``: equal names are the same function, wherever (and however broadcast) they
+    were computed. ``floor(i3 / 4)`` and ``floor(i2 / 4)`` are both ``floordiv(i0, 4)``."""
+    used = tuple(index_vars(lin))
+    canonical = lin.subst({d: Lin.var(j) for j, d in enumerate(used)})
+    return f"floordiv({format_lin(canonical)}, {divisor})", used
+
+
 def format_lin(lin: Lin) -> str:
     """A readable form of a Lin (``i2 - i3 + 7``)."""
     return format_formula(Eq(lin))[:-5] or "0"

@@ -57,6 +57,7 @@ from autosp.ir.mask_algebra import (
     fadd,
     fcompare,
     float_pieces,
+    floor_div_name,
     fmul,
     ge,
     int_pieces,
@@ -114,6 +115,7 @@ class MaskInterpreter:
         self.shapes: dict = {}
         self.data: dict = {}  # "%9" -> the tensor a Data / DataVar of that name reads
         self.opaque: dict = {}  # "%9" -> why the domain does not compute it
+        self.derived: dict = {}  # a floor_div_name -> (a value computing it, the dims its formula uses)
 
     def value(self, v: ir.Value):
         """The abstract value of ``v``: a Lin, bool or float for a scalar, a tensor value of
@@ -565,6 +567,48 @@ class MaskInterpreter:
         fx, fy = (float_pieces(self._tensor(o, at.rank)) for o in at.ops[:2])
         return FloatTensor.of(at.rank, [(f_and(f, g), fmul(a, c)) for f, a in fx.pieces for g, c in fy.pieces])
 
+    def _floor_divide(self, at: _At):
+        """``div(x, c, rounding_mode="floor")`` and ``floor_divide`` of an integer tensor by
+        a positive constant (Llama 4's chunk ids ``q // chunk``). Exact when ``c`` divides
+        every coefficient; else the elements ``floor(lin / c)`` are a variable of a derived
+        tensor named by its formula (:func:`~autosp.ir.mask_algebra.floor_div_name`): two
+        tensors with the same name are the same function of their indices, which is all a
+        document proof needs. :meth:`materialise` builds it from ``v`` by its used dims."""
+        if at.kind != "int":
+            return None
+        if at.short == "div":
+            if len(at.ops) != 3 or is_none(at.ops[2]) or _string(at.ops[2]) != "floor":
+                raise NotProven(f"{at.name}: only rounding_mode='floor' is modelled")
+        elif at.short not in ("floor_divide",):
+            return None
+        x, c = self._tensor(at.ops[0], at.rank), self._tensor(at.ops[1], at.rank)
+        if not isinstance(x, IntTensor) or not isinstance(c, IntTensor) or not c.lin.is_const() or c.lin.const <= 0:
+            raise NotProven(f"{at.name}: the divisor is not a positive constant")
+        divisor = c.lin.const
+        if all(k % divisor == 0 for _, k in x.lin.terms) and x.lin.const % divisor == 0:
+            return IntTensor(at.rank, Lin(tuple((v, k // divisor) for v, k in x.lin.terms), x.lin.const // divisor))
+        name, used = floor_div_name(x.lin, divisor)
+        self.data.setdefault(name, at.result)
+        self.derived.setdefault(name, (at.result, used))
+        return IntTensor(at.rank, Lin.var(DataVar(name, tuple(Lin.var(d) for d in used))))
+
+    def materialise(self, name: str) -> ir.Value:
+        """The IR value of data tensor ``name``: the tensor itself, or for a derived one
+        (:meth:`_floor_divide`) its value read at index 0 of every dim its formula does not
+        use (built before the op being rewritten: call inside its insertion point)."""
+        if name not in self.derived:
+            return self.data[name]
+        value, used = self.derived[name]
+        shape = b.vtensor_shape(value.type)
+        assert shape is not None
+        dims, dtype = shape
+        for d in reversed(range(len(dims))):
+            if d not in used:
+                dims = dims[:d] + dims[d + 1:]
+                value = ir.Operation.create("torch.aten.select.int", results=[b.vtensor_type(dims, dtype)],
+                                            operands=[value, b.constant_int(d), b.constant_int(0)]).result
+        return value
+
     def _neg(self, at: _At):
         if at.kind != "int":
             return None
@@ -698,7 +742,8 @@ _TENSOR_HANDLERS: dict[str, _Handler] = {
 # ... else by the aten name without its overload (every overload: the handler checks).
 _SHORT_HANDLERS: dict[str, _Handler] = {
     **dict.fromkeys(_FILLS, M._fill),
-    "add": M._add, "sub": M._add, "mul": M._mul, "neg": M._neg,
+    "add": M._add, "sub": M._add, "mul": M._mul, "neg": M._neg, "div": M._floor_divide,
+    "floor_divide": M._floor_divide,
     **dict.fromkeys(COMPARE, M._compare),
     **dict.fromkeys(set(_LOGIC) - {"mul"}, M._logic),
     "bitwise_not": M._not, "logical_not": M._not,
@@ -722,6 +767,14 @@ def _broadcast(shapes, name: str) -> tuple:
             size = x
         out.append(size)
     return tuple(out)
+
+
+def _string(v: ir.Value) -> str | None:
+    """The text of a ``torch.constant.str`` result, else None."""
+    owner = v.owner
+    if isinstance(owner, ir.Block) or op_name(owner) != "torch.constant.str":
+        return None
+    return ir.StringAttr(owner.attributes["value"]).value
 
 
 def _normalise(x, type_):

@@ -331,12 +331,24 @@ def _propagate_unbound(op, info: SequenceInfo) -> None:
         for operand in op.operands:
             entries = info.dims.get(operand)
             if entries is not None and len(entries) != len(dyn):
-                entries = _reduced_entries(op, entries)  # x.mean(-1) arrives as an unbound sum
+                # x.mean(-1) arrives as an unbound sum; repeat as unsqueeze + broadcast_to
+                entries = _reduced_entries(op, entries) if op_name(op) != ops.UNSQUEEZE_OP else \
+                    _unsqueezed_entries(op, entries)
             if entries is not None and len(entries) == len(dyn):
                 inherited = [e if dyn[i] else None for i, e in enumerate(entries)]
                 if any(e is not None for e in inherited):
                     info.dims[result] = inherited
                 break
+
+
+def _unsqueezed_entries(op, entries: list) -> list | None:
+    """The entries of ``unsqueeze(x, d)``'s result (d a constant): ``x``'s with a dim of
+    size 1 inserted at ``d``; None where ``d`` cannot be read."""
+    d = const_int(op.operands[1])
+    if d is None or not -len(entries) - 1 <= d <= len(entries):
+        return None
+    at = d % (len(entries) + 1)
+    return entries[:at] + [None] + entries[at:]
 
 
 def _reduced_entries(op, entries: list) -> list | None:
