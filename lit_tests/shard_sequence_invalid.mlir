@@ -534,3 +534,39 @@ func.func @fold_not_readable(%w: !torch.vtensor<[64,32],f32> {autosp.parameter =
   torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (s0 * 2, 4)> : !torch.vtensor<[?,4],f32>
   return %z : !torch.vtensor<[?,4],f32>
 }
+
+// -----
+
+// A centred convolution (kernel 4, padding 1) reads positions after t too: no halo on the
+// left alone makes it local, so it is refused, naming the padding.
+func.func @centred_conv_refused(%w: !torch.vtensor<[64,8],f32> {autosp.parameter = "w"},
+                      %cw: !torch.vtensor<[8,1,4],f32> {autosp.parameter = "conv.weight"},
+                      %cb: !torch.vtensor<[8],f32> {autosp.parameter = "conv.bias"},
+                      %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,8,?],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int8 = torch.constant.int 8
+  %intP = torch.constant.int 1
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,8],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,8],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 8)> : !torch.vtensor<[2,?,8],f32>
+  %x = torch.aten.transpose.int %e, %int1, %int2 : !torch.vtensor<[2,?,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,8,?],f32>
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, 8, s0)> : !torch.vtensor<[2,8,?],f32>
+  %n = torch.aten.size.int %x, %int2 : !torch.vtensor<[2,8,?],f32>, !torch.int -> !torch.int
+  %stride = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  %pad = torch.prim.ListConstruct %intP : (!torch.int) -> !torch.list<int>
+  %dil = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  %opad = torch.prim.ListConstruct %int0 : (!torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.convolution' op convolves along the sequence dimension (2) but is not a causal convolution autosp can split with a halo: padding [1] is not kernel - 1 = 3}}
+  %y = torch.aten.convolution %x, %cw, %cb, %stride, %pad, %dil, %false, %opad, %int8 : !torch.vtensor<[2,8,?],f32>, !torch.vtensor<[8,1,4],f32>, !torch.vtensor<[8],f32>, !torch.list<int>, !torch.list<int>, !torch.list<int>, !torch.bool, !torch.list<int>, !torch.int -> !torch.vtensor<[2,8,?],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (2, 8, s0 - 1)> : !torch.vtensor<[2,8,?],f32>
+  %z = torch.aten.slice.Tensor %y, %int2, %none, %n, %int1 : !torch.vtensor<[2,8,?],f32>, !torch.int, !torch.none, !torch.int, !torch.int -> !torch.vtensor<[2,8,?],f32>
+  torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (2, 8, s0)> : !torch.vtensor<[2,8,?],f32>
+  return %z : !torch.vtensor<[2,8,?],f32>
+}

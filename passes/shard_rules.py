@@ -27,7 +27,7 @@ from torch_mlir import ir
 from autosp.ir import ops
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import ALL_TO_ALL, RING_ATTENTION
-from autosp.ir.core import const_float, const_int, is_none, op_name, producer
+from autosp.ir.core import const_bool, const_float, const_int, is_none, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.sequence import Linear, SequenceInfo
 
@@ -129,6 +129,7 @@ class Action(enum.Enum):
     ALL_REDUCE = "all-reduce the (partial) result"
     REWINDOW = "replace the slice by a window change"
     LOCAL_INDEX = "index the sequence dim with the local range, shard the other operands"
+    HALO = "prepend the positions before this rank's part (autosp.halo), convolve without padding"
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class Decision:
     action: Action = Action.NONE
     window: Window | None = None  # for REWINDOW: the new window
     index_dim: int | None = None  # for LOCAL_INDEX: the sequence dim the identity range indexes
+    halo: int = 0  # for HALO: how many positions before this rank's part the convolution reads
 
     def sharded(self) -> SequenceSharded:
         """The layout of a SHARD_OPERANDS, LOCAL_INDEX or REWINDOW decision, which :class:`Rules`
@@ -161,9 +163,10 @@ END_OF_SEQUENCE = 1 << 62  # a constant end this large (INT64_MAX in exported gr
 class Rules:
     """The layout rules (see :class:`ShardSequence`): they read the IR, never edit it."""
 
-    def __init__(self, info: SequenceInfo, params: set):
+    def __init__(self, info: SequenceInfo, params: set, zigzag: bool = False):
         self.info = info
         self.params = params
+        self.zigzag = zigzag  # the module's layout gives a rank two pieces (a ring's zigzag)
 
     def decide(self, op, kind: OpClass, tensor_operands: list, layouts: list, param_derived: bool) -> Decision:
         res_dims = self.result_seq_dims(op)
@@ -223,6 +226,9 @@ class Rules:
                                          "would draw its own numbers, not its part of what one device draws, so "
                                          "training would silently differ from one device (draw from a size list, as "
                                          "dropout does, or turn the noise off: e.g. router jitter in eval or = 0)")
+        if op_name(op) == ops.CONVOLUTION_OP and isinstance(layouts[0], SequenceSharded) and \
+                not any(isinstance(lay, SequenceSharded) for lay in layouts[1:]):
+            return Decision(layouts[0], Action.HALO, halo=self.causal_conv_halo(op, layouts[0]))
         if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
             dim = const_int(op.operands[1])
             if dim is None:
@@ -308,6 +314,50 @@ class Rules:
                                          "(a convolution, pooling or normalisation over positions); each rank holds "
                                          "only part of it, so autosp cannot shard this op")
         self.check_keeps_length(op, tensor_operands)
+
+    def causal_conv_halo(self, op, lay: SequenceSharded) -> int:
+        """``k - 1`` for a causal 1-d convolution along the sequence (the last dim of its
+        [B, C, S] input): kernel k (static), stride 1, dilation 1, padding k - 1, not
+        transposed, and every use a slice of the output back to the input's length
+        (``conv(x)[..., :S]``, as transformers' ``causal_conv1d_fn`` and Mamba's torch
+        path write it). Output t then reads inputs t - k + 1 .. t only: each rank needs
+        the k - 1 positions before its part (a halo) and convolves without padding."""
+        x = op.operands[0]
+        entries = self.info.dims.get(x) or []
+        shape = vtensor_shape(op.operands[1].type)
+        k = shape[0][-1] if shape is not None and len(shape[0]) == 3 else None
+        stride, padding, dilation = (_read_dims(op.operands[i]) for i in (3, 4, 5))
+        why = []
+        if len(entries) != 3 or lay.dim != 2:
+            why.append("it is not a 1-d convolution over the last dim")
+        if k is None:
+            why.append("its kernel size is not static")
+        if stride != [1] or dilation != [1] or const_bool(op.operands[6]) is not False:
+            why.append(f"stride {stride}, dilation {dilation} (1 and 1, not transposed, needed)")
+        if k is not None and padding != [k - 1]:
+            why.append(f"padding {padding} is not kernel - 1 = {k - 1 if k else '?'} (a causal convolution)")
+        if self.zigzag:
+            why.append("the ring's zigzag layout gives each rank two pieces of the sequence, and the halo needs one "
+                       "(compile with sp_strategy='ulysses')")
+        length = self.info.length(x, 2) if len(entries) == 3 else None
+        for use in op.results[0].uses:
+            user = use.owner
+            if op_name(user) == ops.BIND_SHAPE:
+                continue
+            ends = op_name(user) == ops.SLICE_OP and user.operands[0] == op.results[0] and \
+                const_int(user.operands[1]) in (2, -1) and (is_none(user.operands[2]) or const_int(user.operands[2]) == 0) \
+                and (is_none(user.operands[4]) or const_int(user.operands[4]) == 1) and \
+                self.info.scalars.get(user.operands[3]) == length
+            if not ends:
+                why.append(f"its output is used by '{op_name(user)}', not only cut back to the input's length "
+                           "(conv(x)[..., :S])")
+                break
+        if why:
+            raise DiagnosticError.at(op, "convolves along the sequence dimension (2) but is not a causal convolution "
+                                         f"autosp can split with a halo: {'; '.join(why)}; each rank holds only part "
+                                         "of the sequence, so autosp cannot shard this op")
+        assert k is not None  # why would name it
+        return k - 1
 
     def check_opaque(self, op, kind: OpClass) -> None:
         """An op torch-mlir kept opaque, with no semantics stated to autosp, on sharded values."""

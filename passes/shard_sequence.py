@@ -38,14 +38,17 @@ from autosp.ir.contract import (
     ALL_GATHER,
     ALL_REDUCE,
     ATTENTION_ATTR,
+    HALO,
     LOCAL_LEN,
     PARAMETER_ATTR,
     REWINDOW,
     SEQ_ATTR,
     SHARD,
+    SP_LAYOUT_ATTR,
 )
-from autosp.ir.core import body_ops, const_int, main_func, op_name, producer, tensor_dims
+from autosp.ir.core import as_operation, body_ops, const_int, main_func, op_name, producer, tensor_dims
 from autosp.ir.diagnostics import DiagnosticError
+from autosp.ir.layout import SeqLayout
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import Linear, SequenceInfo, analyze_sequence, sequence_length_value
 
@@ -180,6 +183,17 @@ class _Rewriter:
             sliced = b.autosp_op(SHARD, [opened, self.seq_len], opened.type, dim=dim + merged.index(None),
                                  lo=window.lo, trim=window.trim, group=self.group)
             return _view(sliced, tensor_dims(value), value.type)
+
+    def halo(self, op, lay: SequenceSharded, width: int) -> None:
+        """A causal convolution (``Rules.causal_conv_halo``) on this rank's part: its input
+        gets the ``width`` positions before the part (``autosp.halo``), its padding 0."""
+        x = op.operands[0]
+        with ir.InsertionPoint(op), op.location:
+            op.operands[0] = b.autosp_op(HALO, [x, self.seq_len], x.type, dim=lay.dim, width=width,
+                                         lo=lay.window.lo, trim=lay.window.trim, group=self.group)
+            zero = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
+                                       operands=[b.constant_int(0)]).result
+            op.operands[4] = zero
 
     def sharded_folds(self, op, layouts: dict, length) -> list:
         """The folds (:func:`_folded_rows`) of ``op``'s sequence-sharded tensor operands whose
@@ -407,6 +421,8 @@ class _Propagation:
             if op_name(op) in ops.SCATTER_SUM_OPS and windows:  # a replicated src: this rank's tokens of it
                 self.rewriter.shard_operands(op, windows.pop(), self.layouts)
             self.from_sequence_sums[self.rewriter.all_reduce(op)] = op
+        elif decision.action is Action.HALO:
+            self.rewriter.halo(op, decision.sharded(), decision.halo)
         elif decision.action is Action.REWINDOW:
             # Rules rewindows only a slice of a sequence-sharded operand, and gives the new window.
             source = self.layout(op.operands[0])
@@ -541,7 +557,9 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
         for i, attr in enumerate(func.attributes["arg_attrs"]):
             if PARAMETER_ATTR in attr:
                 params.add(block.arguments[i])
-    walk = _Propagation(info, Rules(info, params), _Rewriter(info, group, seq_len), set(params))
+    attrs = as_operation(module).attributes
+    zigzag = SP_LAYOUT_ATTR in attrs and SeqLayout.parse(ir.StringAttr(attrs[SP_LAYOUT_ATTR]).value).zigzag
+    walk = _Propagation(info, Rules(info, params, zigzag), _Rewriter(info, group, seq_len), set(params))
     walk.run(func)
     ret = walk.returned
     if ret is None:

@@ -134,6 +134,31 @@ def test_negative_control_gpt_oss_sink_attention_on_the_math_path():
     assert step.quadratic and not step.kernels(), (step.kernels(), step.problems())
 
 
+def _llama4():
+    return transformers.Llama4TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=32, intermediate_size_mlp=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, attention_chunk_size=512, use_cache=False, max_position_embeddings=1 << 18,
+        no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True, floor_scale=4)
+
+
+def test_llama4_chunks_run_as_documents_on_varlen_flash():
+    """Llama 4's three chunked layers on CUDA: documents of 512 positions, one varlen flash
+    launch each way; the NoPE full layer plain flash. Its literals (the left padding
+    zeros, rope's ones) sit on the activations' device."""
+    step = cuda_step(_llama4(), S, sp_size=4, call="plain", ranks=[0])[0]
+    step.check()
+    assert step.kernels() == {"varlen flash": 3, "varlen flash backward": 3, "flash": 1, "flash backward": 1}, \
+        step.kernels()
+
+
+def test_negative_control_llama4_chunks_unproven_keep_the_mask(monkeypatch):
+    from autosp.passes import causal_mask
+    monkeypatch.setattr(causal_mask, "_document_ids", lambda *args: None)
+    step = cuda_step(_llama4(), S, sp_size=4, call="plain", ranks=[0])[0]
+    assert step.quadratic, (step.kernels(), step.problems())
+
+
 def test_fsdp2_and_memory_budget_with_offload():
     steps = cuda_step(_llama(num_hidden_layers=3), S, sp_size=2, call="position_ids", fsdp=2)
     for step in steps:

@@ -69,6 +69,7 @@ _AUTOSP_OPS = {
     contract.SHARD: (collectives.shard, ("x", "seq_len")),
     contract.REWINDOW: (collectives.rewindow, ("x", "seq_len")),
     contract.LOCAL_LEN: (collectives.local_len, ("seq_len",)),
+    contract.HALO: (collectives.halo, ("x", "seq_len")),
 }
 
 

@@ -47,6 +47,7 @@ class CompiledProgram:
     simulated_shards: list = field(default_factory=list)  # a simulated FSDP2's local shards (the memory model)
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
     dropped_outputs: list[int] = field(default_factory=list)  # output leaves removed by autosp-tile-loss (None)
+    _constants_device: object = None  # where the graph's tensor literals are (_place_constants)
 
     def _check_sharded(self, state: list) -> None:
         for a, t in zip((a for a in self.args if a.kind != "input"), state):
@@ -85,8 +86,26 @@ class CompiledProgram:
             raise RuntimeError(f"autosp: the model no longer has parameter/buffer {e}; "
                                "recompile after changing its structure") from None
 
+    def _place_constants(self, device: torch.device) -> None:
+        """Move the graph's tensor literals (``_const*`` buffers, made on the CPU when the IR
+        was emitted) to ``device``, the call's: ``torch.zeros(batch)`` lifted into a literal
+        (Llama 4's left padding) must sit with the activations, and so must a 0-d one for
+        ops that take no CPU scalar (``polar`` of ``ones_like``, as exported). Every module that holds a copy (checkpointed segments, a compiled
+        runner's original) is updated; once per device."""
+        if self._constants_device == device:
+            return
+        holders = [self.graph_module] + ([self.runner] if isinstance(self.runner, torch.nn.Module) else [])
+        for holder in holders:
+            for module in holder.modules():
+                for name, buf in list(module.named_buffers(recurse=False)):
+                    if name.startswith("_const") and buf.device != device:
+                        module.register_buffer(name, buf.to(device))
+        self._constants_device = device
+
     def __call__(self, model: torch.nn.Module, leaves: list, grad_sync=None) -> object:
         inputs = [leaves[i] for i in self.tensor_leaves]
+        if inputs and isinstance(inputs[0], torch.Tensor):
+            self._place_constants(inputs[0].device)
         run = self.runner if self.runner is not None else self.graph_module
         state = self.state_tensors(model)
         tokens = None

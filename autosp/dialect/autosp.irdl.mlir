@@ -84,6 +84,22 @@ irdl.dialect @autosp {
     irdl.results(output: %result)
     irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
   }
+  // A sharded value on the window (lo, trim) along `dim` with the `width` positions
+  // before this rank's part prepended (zeros before the window): the input of a causal
+  // convolution of kernel width + 1, run without padding (autosp-shard-sequence).
+  irdl.operation @halo {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %dim = irdl.base "#builtin.integer"
+    %width = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor, seq_len: %int)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "width" = %width, "lo" = %lo, "trim" = %trim, "group" = %group }
+  }
   // A sharded value on the window (lo, trim), narrowed to the window (new_lo, new_trim)
   // inside it: a sequence slice (labels[:, 1:], logits[:, :-1]) without communication.
   irdl.operation @rewindow {

@@ -90,6 +90,7 @@ TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
 SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                  "torch.aten._unsafe_view")
 SLICE_OP = "torch.aten.slice.Tensor"
+CONVOLUTION_OP = "torch.aten.convolution"
 # Advanced indexing (operand 1: one index tensor, or None, per leading dim).
 INDEX_OPS = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
 # Ops that build 0, 1, ..., n-1 (with their start/step operands where they have them).

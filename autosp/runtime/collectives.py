@@ -492,6 +492,100 @@ def all_gather(x: torch.Tensor, dim: int, group: str, seq_len: int | None = None
     return _AllGatherLocalBackward.apply(x, dim, group, held, lay.order(), lo)
 
 
+def _halo_sources(held: list, start: int, width: int) -> list:
+    """For each of the ``width`` positions before ``start``: ``(rank, index)`` in that
+    rank's tail block (its last ``width`` positions, left-padded), or None before 0. A
+    position before ``start`` lies in a piece that ends at or before ``start``, so it is
+    among that piece's last ``width`` positions."""
+    out: list[tuple[int, int] | None] = []
+    for pos in range(start - width, start):
+        if pos < 0:
+            out.append(None)
+            continue
+        g = next(g for g, pieces in enumerate(held) if pieces[0][0] <= pos < pieces[0][1])
+        out.append((g, width - (held[g][0][1] - pos)))
+    return out
+
+
+class _Halo(torch.autograd.Function):
+    """``x`` (this rank's one piece along ``dim``) with the ``width`` positions before it
+    prepended (zeros before the sequence). Forward: an all-gather of every rank's last
+    ``width`` positions. Backward: the halo's gradient goes back to the ranks that hold
+    those positions (an all-reduce of the [P, width] blocks), added to their tails."""
+
+    @staticmethod
+    def forward(ctx, x, dim, width, group, held, rank):
+        n = x.shape[dim]
+        take = min(width, n)
+        tail = x.narrow(dim, n - take, take)
+        if take < width:
+            pad_shape = list(x.shape)
+            pad_shape[dim] = width - take
+            tail = torch.cat([x.new_zeros(pad_shape), tail], dim=dim)
+        tail = tail.contiguous()
+        gathered = [torch.empty_like(tail) for _ in held]
+        record("halo", group, tail)
+        if _SIMULATED:
+            gathered = [tail.clone() for _ in held]
+        else:
+            dist.all_gather(gathered, tail, group=process_group(group))
+        sources = _halo_sources(held, held[rank][0][0], width)
+        parts = [torch.zeros_like(tail.narrow(dim, 0, 1)) if src is None else gathered[src[0]].narrow(dim, src[1], 1)
+                 for src in sources]
+        ctx.dim, ctx.width, ctx.group, ctx.sources, ctx.n, ctx.p, ctx.rank = dim, width, group, sources, n, \
+            len(held), rank
+        return torch.cat(parts + [x], dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dim, width = ctx.dim, ctx.width
+        grad_halo, grad_x = grad.narrow(dim, 0, width), grad.narrow(dim, width, ctx.n)
+        shape = list(grad.shape)
+        shape[dim] = width
+        blocks = grad.new_zeros([ctx.p] + shape)  # what each rank's tail receives
+        for j, src in enumerate(ctx.sources):
+            if src is not None:
+                g, i = src
+                blocks[g].narrow(dim, i, 1).add_(grad_halo.narrow(dim, j, 1))
+        record("halo", ctx.group, blocks, backward=True)
+        if not _SIMULATED:
+            dist.all_reduce(blocks, group=process_group(ctx.group))
+        mine = blocks[ctx.rank]
+        take = min(width, ctx.n)
+        grad_x = grad_x.clone()
+        grad_x.narrow(dim, ctx.n - take, take).add_(mine.narrow(dim, width - take, take))
+        return grad_x, None, None, None, None, None
+
+
+def halo(x: torch.Tensor, seq_len: int, dim: int, width: int, lo: int, trim: int, group: str) -> torch.Tensor:
+    """``autosp.halo``: ``x`` (sharded on the window ``[lo, seq_len - trim)`` along ``dim``)
+    with the ``width`` positions before this rank's part prepended, zeros before the
+    window's start: what a causal convolution of kernel ``width + 1`` reads (``x`` padded
+    on the left at one rank). Each rank must hold one piece (not a zigzag ring's two).
+
+    Example::
+
+        y = torch.nn.functional.conv1d(halo(x, S, 2, 3, 0, 0, "sp"), w, groups=C)  # k = 4
+    """
+    dim %= x.dim()
+    p = group_size(group)
+    if p == 1:
+        pad_shape = list(x.shape)
+        pad_shape[dim] = width
+        return torch.cat([x.new_zeros(pad_shape), x], dim=dim)
+    lay = layout(group)
+    held = [spans(seq_len, lo, trim, lay, g) for g in range(p)]
+    if any(len(pieces) != 1 for pieces in held):
+        raise RuntimeError(f"autosp.halo: a causal convolution along the sequence needs each rank's positions in "
+                           f"one piece; the layout {lay.describe()} gives a rank two (zigzag): compile with "
+                           "sp_strategy='ulysses' or a ring without zigzag")
+    if any(b <= a for (a, b), in held):
+        raise RuntimeError(f"autosp.halo: {seq_len - lo - trim} positions over {p} ranks leave a rank none; a causal "
+                           "convolution along the sequence needs at least one position per rank")
+    shifted = [[(a - lo, b - lo)] for (a, b), in held]
+    return _Halo.apply(x, dim, width, group, shifted, group_rank(group))
+
+
 def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> torch.Tensor:
     """Reduce over the group, keep this rank's equal chunk of ``dim``."""
     if group_size(group) == 1:
