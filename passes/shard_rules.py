@@ -89,6 +89,7 @@ class OpClass(enum.Enum):
     SELECT = "select"  # one position: needs the whole sequence
     INDEX = "index"  # advanced indexing: the identity range along the sequence is local
     CONTRACTION = "matmul"  # mixes positions when it contracts the sequence dim
+    RECURRENCE = "recurrence"  # stated: a linear recurrence along dim 1, run as a chain over the ranks
     OPAQUE = "opaque"  # a torch.operator torch-mlir kept whole whose semantics autosp does not state
     POINTWISE = "token-wise"  # everything else, once Rules.check_token_wise proved it keeps
     # each position's data at its position (no dim argument on the sequence, no convolution
@@ -107,6 +108,8 @@ def op_class(op) -> OpClass:
         inner = _schema_name(op)
         if inner in ops.COUNTING_OPS:
             return OpClass.SUM
+        if inner in ops.RECURRENCE_OPERATORS:
+            return OpClass.RECURRENCE
         return OpClass.POINTWISE if inner in ops.TOKEN_WISE_OPERATORS else OpClass.OPAQUE
     if name in ops.SUM_OPS or name in ops.SCATTER_SUM_OPS:
         return OpClass.SUM
@@ -229,6 +232,8 @@ class Rules:
         if op_name(op) == ops.CONVOLUTION_OP and isinstance(layouts[0], SequenceSharded) and \
                 not any(isinstance(lay, SequenceSharded) for lay in layouts[1:]):
             return Decision(layouts[0], Action.HALO, halo=self.causal_conv_halo(op, layouts[0]))
+        if kind is OpClass.RECURRENCE:
+            return self.decide_recurrence(op, tensor_operands, layouts, res_dims, window)
         if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
             dim = const_int(op.operands[1])
             if dim is None:
@@ -314,6 +319,24 @@ class Rules:
                                          "(a convolution, pooling or normalisation over positions); each rank holds "
                                          "only part of it, so autosp cannot shard this op")
         self.check_keeps_length(op, tensor_operands)
+
+    def decide_recurrence(self, op, tensor_operands, layouts, res_dims, window) -> Decision:
+        """A recurrence with stated semantics (``ops.RECURRENCE_OPERATORS``): along dim 1 of
+        every input and of the result. Sharded there, each rank runs its part from the
+        previous rank's state (the emitter chains them over the group); any other layout
+        of the sequence is refused."""
+        name = _schema_name(op)
+        bad = [f"{v.type} {lay}" for v, lay in zip(tensor_operands, layouts)
+               if isinstance(lay, SequenceSharded) and lay.dim != 1 or self.info.seq_dims(v) not in ([1], [])]
+        if bad or res_dims != [1]:
+            raise DiagnosticError.at(op, f"is '{name}', a recurrence along dim 1, but its operands hold the sequence "
+                                         f"elsewhere ({'; '.join(bad) or 'its result'}); autosp cannot chain it")
+        if self.zigzag:
+            raise DiagnosticError.at(op, f"is '{name}', a recurrence along the sequence: each rank runs its part "
+                                         "from the previous one's state, which needs each rank's positions in one "
+                                         "piece; the ring's zigzag layout gives it two (compile with "
+                                         "sp_strategy='ulysses')")
+        return Decision(SequenceSharded(1, window), Action.SHARD_OPERANDS)
 
     def causal_conv_halo(self, op, lay: SequenceSharded) -> int:
         """``k - 1`` for a causal 1-d convolution along the sequence (the last dim of its

@@ -22,6 +22,7 @@ from autosp.passes.shard_rules import (
     Action,
     Decision,
     Layout,
+    OpClass,
     Rules,
     SequenceSharded,
     Window,
@@ -42,6 +43,7 @@ from autosp.ir.contract import (
     LOCAL_LEN,
     PARAMETER_ATTR,
     REWINDOW,
+    SCAN_GROUP_ATTR,
     SEQ_ATTR,
     SHARD,
     SP_LAYOUT_ATTR,
@@ -411,6 +413,8 @@ class _Propagation:
         decision = self.rules.decide(op, kind, tensor_operands, layouts, derived)
         self.check_sequence_sums(op, tensor_operands, decision)
         result = op.results[0]
+        if kind is OpClass.RECURRENCE:  # the emitter chains it over the group
+            op.attributes[SCAN_GROUP_ATTR] = ir.StringAttr.get(self.rewriter.group)
         if decision.action is Action.SHARD_OPERANDS:
             self.rewriter.shard_operands(op, decision.sharded().window, self.layouts)
         elif decision.action is Action.LOCAL_INDEX:

@@ -26,9 +26,17 @@ import torch.fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from autosp.hf import linear_attention
 from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
-from autosp.ir.contract import DOCUMENTS_ATTR, EMPTY_ROWS_ATTR, KEY_PADDING_ATTR, SINK_HEADS_ATTR, WINDOW_ATTR
+from autosp.ir.contract import (
+    DOCUMENTS_ATTR,
+    EMPTY_ROWS_ATTR,
+    KEY_PADDING_ATTR,
+    SCAN_GROUP_ATTR,
+    SINK_HEADS_ATTR,
+    WINDOW_ATTR,
+)
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
@@ -267,6 +275,11 @@ class _Emitter:
                       "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
+            return
+        if name == linear_attention.OP_NAME:  # a stated recurrence: chained over the group when sharded
+            group = _attr_value(op.attributes[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in op.attributes else None
+            self._bind_results(op, self.graph.call_function(linear_attention.gated_delta_rule, tuple(operands),
+                                                            {"group": group}))
             return
         target = resolve_torch_op(name)
         if target is None:

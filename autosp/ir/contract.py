@@ -138,6 +138,8 @@ EMPTY_ROWS_ATTR = _attr("autosp.empty_rows", "sdpa", "string",
                         "a query whose keys are all masked attends as eager attention did", EmptyRows)
 SINK_HEADS_ATTR = _attr("autosp.sink_heads", "sdpa", "string",
                         "sink attention on this rank's heads: the group whose rank picks its chunk of the [H] sinks")
+SCAN_GROUP_ATTR = _attr("autosp.scan_group", "op", "string",
+                        "a recurrence along the sequence run as a chain over this group's ranks, in sequence order")
 UNFUSED_ATTR = _attr("autosp.unfused_attention", "softmax", "string",
                      "why softmax attention could not be fused into SDPA (its [S, S] scores stay)")
 
