@@ -188,7 +188,7 @@ def _judge(model, reference, ids) -> tuple[dict, list]:
 
 def _run_case(seq, seed, exact):
     import autosp
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity
     torch.manual_seed(seed)
     model = _model(exact)
     reference = copy.deepcopy(model)
