@@ -26,7 +26,7 @@ import torch.fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
-from autosp.hf import linear_attention
+from autosp.hf import recurrences
 from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import (
@@ -276,10 +276,10 @@ class _Emitter:
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
             return
-        if name == linear_attention.OP_NAME:  # a stated recurrence: chained over the group when sharded
+        if name in recurrences.OP_NAMES:  # a stated recurrence: chained over the group when sharded
             group = _attr_value(op.attributes[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in op.attributes else None
-            self._bind_results(op, self.graph.call_function(linear_attention.gated_delta_rule, tuple(operands),
-                                                            {"group": group}))
+            fn = recurrences.gated_delta_rule if name == recurrences.GATED_DELTA_RULE else recurrences.mamba2_chunk_scan
+            self._bind_results(op, self.graph.call_function(fn, tuple(operands), {"group": group}))
             return
         target = resolve_torch_op(name)
         if target is None:

@@ -36,7 +36,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, symbolic
-from autosp.hf import experts, linear_attention
+from autosp.hf import experts, recurrences
 from autosp.ir.contract import ARG_ATTRS, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
@@ -192,7 +192,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
     try:
         with torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
-                linear_attention.recurrences_as_ops(model), _custom_backwards() as functions:
+                recurrences.recurrences_as_ops(model), _custom_backwards() as functions:
             program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch.export raises many types; keep its message, drop the noise
         raise _export_error(e, model) from None

@@ -1,15 +1,16 @@
-"""Gated DeltaNet (Qwen3-Next) across ranks (issue 26): a recurrence with stated semantics.
+"""Linear recurrences across ranks (issue 26): Gated DeltaNet (Qwen3-Next) and Mamba2 (Granite-4 hybrid).
 
-transformers' ``torch_chunk_gated_delta_rule`` is exported as one op,
-``autosp::gated_delta_rule``, stated to be a linear recurrence along the sequence: the
-kernel run on positions a..b from the state positions 0..a left equals positions a..b of
-the whole run (:mod:`autosp.hf.linear_attention`). Sharded, each rank runs its part from
-the previous rank's state and sends its own on; backward sends the state's gradient back.
+transformers' ``torch_chunk_gated_delta_rule`` and ``mamba2_chunk_scan`` are exported as
+ops (``autosp::gated_delta_rule``, ``autosp::mamba2_chunk_scan``), stated to be linear
+recurrences along the sequence: the kernel run on positions a..b from the state positions
+0..a left equals positions a..b of the whole run (:mod:`autosp.hf.recurrences`).
+Sharded, each rank runs its part from the previous rank's state and sends its own on;
+backward sends the state's gradient back.
 
 Checked:
 
-- the statement, on random inputs: transformers' kernel run in parts with the state
-  passed equals the kernel run whole (and without the state it does not);
+- the statements, on random inputs: transformers' kernels run in parts with the state
+  passed equal the kernels run whole (and without the state they do not);
 - the runtime chain on 2 and 4 ranks with an exact float64 reference recurrence: outputs
   and every input's gradient to 1e-12; a chain that drops the state must fail;
 - a tiny Qwen3-Next (a Gated DeltaNet layer with its causal conv, a full-attention layer,
@@ -19,7 +20,11 @@ Checked:
   <= 1e-5; 3 AdamW steps), at P = 2 (S = 15) and P = 4 (S = 19). Eager float32's own
   gradients of the decay parameters (A_log, dt_bias) are up to 3e-2 from the float64
   truth (the kernel's chunked float32 form); there the test asks the sharded run to be as
-  accurate as one device: at most twice eager's distance from the truth.
+  accurate as one device: at most twice eager's distance from the truth;
+- a tiny Granite-4 hybrid (a Mamba2 layer with its causal conv, an attention layer, MoE
+  and a shared MLP) against single-device eager in float32 with transformers' own SSD
+  scan (every gradient <= 1e-5; 3 AdamW steps) at P = 2 and 4; bytes kept for backward
+  per rank at P = 2 at most 0.65 x one device's, growing at most 2.3x from S to 2S.
 """
 import copy
 import warnings
@@ -31,6 +36,7 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3NextConfig"):  # pragma: no cover
     pytest.skip("transformers without Qwen3-Next", allow_module_level=True)
 
+from transformers.models.granitemoehybrid import modeling_granitemoehybrid  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
 from autosp.testing.distributed import run_ranks  # noqa: E402
@@ -94,14 +100,37 @@ def test_kernel_in_parts_with_the_state_equals_the_whole_run(_fresh_seed):
         assert (dropped - whole).abs().max() > 1e-3 * whole.abs().max(), cuts  # the state matters
 
 
+def test_mamba2_scan_in_parts_with_the_state_equals_the_whole_run(_fresh_seed):
+    """The stated semantics of the SSD scan, on transformers' kernel (float32)."""
+    gen = torch.Generator().manual_seed(_fresh_seed % 10000)
+    seq = 37
+    x, B, C = (torch.randn(2, seq, *shape, generator=gen) for shape in ((4, 8), (1, 6), (1, 6)))
+    dt = torch.randn(2, seq, 4, generator=gen)
+    A, D, dt_bias = -torch.rand(4, generator=gen), torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    scan = modeling_granitemoehybrid.mamba2_chunk_scan
+
+    def run(a, b, state, final=True):
+        return scan(x[:, a:b], dt[:, a:b], A, B[:, a:b], C[:, a:b], 8, D=D, dt_bias=dt_bias, initial_states=state,
+                    dt_softplus=True, return_final_states=final)
+    whole = run(0, seq, None, final=False)
+    for cuts in ([0, 10, 37], [0, 5, 6, 20, 37], [0, 30, 37]):
+        for carry in (True, False):
+            outs, state = [], None
+            for a, b in zip(cuts, cuts[1:]):
+                out, final = run(a, b, state if carry else None)
+                outs.append(out)
+                state = final
+            err = (torch.cat(outs, 1) - whole).abs().max() / whole.abs().max()
+            assert err <= 1e-5 if carry else err > 1e-3, (cuts, carry, err)
+
+
 def _chain_body(rank, world, queue, seed, control):
-    from autosp.hf import linear_attention
+    from autosp.hf import recurrences
     from autosp.runtime import collectives
     kernel = f"{__name__}:reference_recurrence"
-    original = linear_attention._run
+    original = recurrences._part
     if control:  # drop the state: every rank starts from zeros
-        linear_attention._run = lambda fn, inputs, l2norm, chunk, state: original(fn, inputs, l2norm, chunk,
-                                                                                   torch.zeros_like(state))
+        recurrences._part = lambda run, inputs, state: original(run, inputs, torch.zeros_like(state))
     try:
         out = {}
         for seq in (15, 19, 6):
@@ -111,7 +140,7 @@ def _chain_body(rank, world, queue, seed, control):
             (ref * w).sum().backward()
             a, b = collectives.span(seq, 0, 0, world, rank)
             parts = [x.detach()[:, a:b].clone().requires_grad_() for x in inputs]
-            y = linear_attention.gated_delta_rule(*parts, True, 64, kernel, group="sp")
+            y = recurrences.gated_delta_rule(*parts, True, 64, kernel, group="sp")
             (y * w[:, a:b]).sum().backward()
             scale = ref.abs().max()
             out[seq] = (float((y - ref[:, a:b]).abs().max() / scale),
@@ -119,7 +148,7 @@ def _chain_body(rank, world, queue, seed, control):
                             for p, x in zip(parts, inputs)))
         queue.put((rank, out))
     finally:
-        linear_attention._run = original
+        recurrences._part = original
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -250,3 +279,72 @@ def test_qwen3_next_matches_single_device(world, _fresh_seed):
         assert all(params <= TOL for params in fp32["steps"]), where
         for r in (exact, fp32):
             assert r["chained"] == 1 and r["halos"] == 1, r  # the recurrence chained, its conv with a halo
+
+
+def _granite():
+    cfg = transformers.GraniteMoeHybridConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+        shared_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_n_groups=1,
+        mamba_d_state=8, mamba_d_head=32, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
+        layer_types=["mamba", "attention"], use_cache=False, max_position_embeddings=256,
+        position_embedding_type="rope")
+    cfg._attn_implementation = "eager"
+    return transformers.GraniteMoeHybridForCausalLM(cfg).float()
+
+
+def _granite_body(rank, world, queue, seed):
+    import autosp
+    from autosp.planning.memory import SavedTensors
+    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    seq = 15 if world == 2 else 19
+    torch.manual_seed(seed)
+    model = _granite()
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = parity(reference, compiled, input_ids=ids, labels=ids)
+        ir = compiled.programs[0].mlir["transformed"]
+        result = {"outputs": report.outputs, "grads": report.max_grad_error, "chained": ir.count("autosp.scan_group"),
+                  "halos": ir.count('"autosp.halo"')}
+        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
+        steps = []
+        for _ in range(3):
+            step_ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+            for m, o in ((reference, opt_ref), (compiled, opt)):
+                o.zero_grad()
+                m(input_ids=step_ids, labels=step_ids).loss.backward()
+            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+            opt_ref.step()
+            opt.step()
+            steps.append((grads, parameter_distance(reference, model)))
+            align_parameters(model, reference)
+        result["steps"] = steps
+        saved = {}
+        for s in (64, 128):  # bytes kept for backward: this rank's, and one device's
+            step_ids = torch.randint(0, VOCAB, (2, s), generator=gen)
+            for key, m in (("sp", compiled), ("one", reference)):
+                with SavedTensors(list(m.parameters()) + list(model.parameters())) as kept:
+                    out = m(input_ids=step_ids, labels=step_ids)
+                saved[(key, s)] = kept.bytes
+                del out
+    result["saved"] = saved
+    queue.put((rank, result))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
+    results = run_ranks(_granite_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, r in results.items():
+        where = f"rank {rank}, P={world}: {r}"
+        assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
+        for grads, params in r["steps"]:
+            assert grads <= TOL and params <= TOL, where
+        assert r["chained"] == 1 and r["halos"] == 1, where  # the SSD scan chained, its conv with a halo
+        saved = r["saved"]
+        assert saved[("sp", 128)] / saved[("sp", 64)] <= 2.3, where
+        if world == 2:
+            assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where

@@ -1,0 +1,241 @@
+"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2): ops with stated semantics.
+
+transformers' torch paths of these layers call module-level functions:
+
+- ``torch_chunk_gated_delta_rule(q, k, v, g, beta, ...)`` (Qwen3-Next, Qwen3.5): the
+  recurrent state is ``[B, H, dk, dv]``;
+- ``mamba2_chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, ...)`` (Granite-4 hybrid,
+  Nemotron-H, Mamba2): the SSD scan, state ``[B, H, head_dim, d_state]``.
+
+Each pads the sequence to a multiple of its chunk size and loops over the chunks,
+carrying the state from one to the next. Exported, the loop is unrolled for the example's
+chunk count and the padding is ``S + (64 - S % 64) % 64``: no program of symbolic S.
+
+autosp does not read those loops. It states what each function is: while the model is
+exported, the function is replaced by one op (``autosp::gated_delta_rule``,
+``autosp::mamba2_chunk_scan``), whose semantics are a **linear recurrence along dim 1**
+of its sequence inputs (``[B, S, ...]``; the others, e.g. Mamba's ``A``, ``D`` and
+``dt_bias``, hold no position): output t is the kernel's output at t from the state after
+positions 0 .. t, and running the kernel on positions a .. b from the state the
+positions 0 .. a left gives exactly the positions a .. b of the whole run (each kernel's
+own initial-state / final-state contract). The layout rules shard it along the sequence
+(``OpClass.RECURRENCE``), and the emitted program calls :func:`gated_delta_rule` /
+:func:`mamba2_chunk_scan`: on one rank the kernel itself; on P ranks each rank runs its
+part from the state the previous rank sends (the ranks in sequence order), and in
+backward the state's gradient travels back (:class:`_Chained`). The tests check each
+statement on random inputs: the kernel run in parts, state passed, equals the kernel run
+whole.
+
+Cost, said plainly: the ranks run their parts one after another (a chain: P times one
+part's time per layer, each way), and pass one state per rank boundary each way. An
+associative prefix over the ranks' chunk summaries would let them run at once; it is not
+built yet. A call the statement does not cover (an initial state given, the final state
+asked for: a cache) runs the kernel as exported.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"  # as they import (torch.operator)
+MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
+OP_NAMES = (GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN)
+
+
+# ----------------------------------------------------------------------------- the ops
+@torch.library.custom_op("autosp::gated_delta_rule", mutates_args=())
+def gated_delta_rule_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                        beta: torch.Tensor, l2norm: bool, chunk: int, kernel: str) -> torch.Tensor:
+    """The stated Gated DeltaNet op (export; the emitted program calls :func:`gated_delta_rule`)."""
+    return gated_delta_rule(query, key, value, g, beta, l2norm, chunk, kernel).contiguous()
+
+
+@gated_delta_rule_op.register_fake
+def _(query, key, value, g, beta, l2norm, chunk, kernel):
+    return value.new_empty(value.shape)
+
+
+@torch.library.custom_op("autosp::mamba2_chunk_scan", mutates_args=())
+def mamba2_chunk_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                         D: torch.Tensor | None, dt_bias: torch.Tensor | None, chunk: int, dt_softplus: bool,
+                         dt_min: float, dt_max: float, kernel: str) -> torch.Tensor:
+    """The stated Mamba2 SSD op (export; the emitted program calls :func:`mamba2_chunk_scan`)."""
+    return mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk, dt_softplus, dt_min, dt_max, kernel).contiguous()
+
+
+@mamba2_chunk_scan_op.register_fake
+def _(x, dt, A, B, C, D, dt_bias, chunk, dt_softplus, dt_min, dt_max, kernel):
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32))
+
+
+def _kernel(path: str):
+    """The kernel function ``"module:name"`` (transformers' own, unpatched)."""
+    module, _, name = path.partition(":")
+    return _ORIGINALS.get(path) or getattr(importlib.import_module(module), name)
+
+
+_ORIGINALS: dict[str, object] = {}
+
+
+# ----------------------------------------------------------------------------- export
+def _stated_gated_delta_rule(original, path):
+    def stated(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, **kwargs):
+        # (the torch path ignores its other keywords, cu_seqlens included: so does the op)
+        if initial_state is not None or output_final_state:
+            return original(query, key, value, g, beta, chunk_size=chunk_size, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+        out = torch.ops.autosp.gated_delta_rule(query, key, value, g, beta, bool(use_qk_l2norm_in_kernel),
+                                                int(chunk_size), path)
+        return out, None
+    return stated
+
+
+def _stated_mamba2_chunk_scan(original, path):
+    def stated(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+               dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):
+        if initial_states is not None or return_final_states or kwargs.get("z") is not None or \
+                kwargs.get("seq_idx") is not None:
+            return original(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                            initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                            return_final_states=return_final_states, **kwargs)
+        return torch.ops.autosp.mamba2_chunk_scan(hidden_states, dt, A, B, C, D, dt_bias, int(chunk_size),
+                                                  bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]), path)
+    return stated
+
+
+_KERNELS = {"torch_chunk_gated_delta_rule": _stated_gated_delta_rule, "mamba2_chunk_scan": _stated_mamba2_chunk_scan}
+
+
+@contextlib.contextmanager
+def recurrences_as_ops(model: torch.nn.Module):
+    """While exporting: every transformers modeling module ``model``'s layers come from
+    that defines one of the kernels calls its stated op instead, for the calls the
+    statement covers (no initial state, no final state wanted)."""
+    modules = {type(m).__module__ for m in model.modules()}
+    patched = []
+    for name in sorted(modules):
+        mod = sys.modules.get(name)
+        for kernel, make in _KERNELS.items():
+            original = getattr(mod, kernel, None) if mod is not None else None
+            if original is None:
+                continue
+            path = f"{name}:{kernel}"
+            _ORIGINALS[path] = original
+            setattr(mod, kernel, make(original, path))
+            patched.append((mod, kernel, original))
+    try:
+        yield len(patched)
+    finally:
+        for mod, kernel, original in patched:
+            setattr(mod, kernel, original)
+
+
+# ----------------------------------------------------------------------------- the chain
+class _Chained(torch.autograd.Function):
+    """This rank's part of a recurrence: ``run(inputs, state) -> (out, final state)``, the
+    state from the previous rank in, the state to the next out. Backward: the final
+    state's gradient from the next rank, the part recomputed and differentiated, the
+    initial state's gradient to the previous rank."""
+
+    @staticmethod
+    def forward(ctx, run, state_shape, dtype, group, ranks, rank, *inputs):
+        from autosp.runtime import collectives
+        device = inputs[0].device
+        state = torch.zeros(state_shape, dtype=dtype, device=device)
+        pg = collectives.process_group(group)
+        if rank > 0:
+            collectives.record("state", group, state)
+            dist.recv(state, src=dist.get_global_rank(pg, ranks[rank - 1]), group=pg)
+        with torch.no_grad():
+            out, final = _part(run, inputs, state)
+        if rank < len(ranks) - 1:
+            collectives.record("state", group, final)
+            dist.send(final.to(dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
+        ctx.save_for_backward(state, *[t if isinstance(t, torch.Tensor) else None for t in inputs])
+        ctx.args = (run, group, ranks, rank)
+        ctx.tensor_inputs = [isinstance(t, torch.Tensor) for t in inputs]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from autosp.runtime import collectives
+        run, group, ranks, rank = ctx.args
+        state, *saved = ctx.saved_tensors
+        pg = collectives.process_group(group)
+        grad_final = torch.zeros_like(state)
+        if rank < len(ranks) - 1:
+            collectives.record("state", group, grad_final, backward=True)
+            dist.recv(grad_final, src=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
+        inputs = [t.detach().requires_grad_(t.is_floating_point()) if t is not None else None for t in saved]
+        start = state.detach().requires_grad_(rank > 0)
+        with torch.enable_grad():
+            out, final = _part(run, inputs, start)
+            wrt = [t for t in inputs + [start] if t is not None and t.requires_grad]
+            grads = torch.autograd.grad((out, final), wrt, (grad_out, grad_final.to(final.dtype)), allow_unused=True)
+        found = dict(zip([id(t) for t in wrt], grads))
+        if rank > 0:
+            grad_start = found.get(id(start))
+            grad_start = torch.zeros_like(state) if grad_start is None else grad_start
+            collectives.record("state", group, grad_start, backward=True)
+            dist.send(grad_start.to(state.dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank - 1]),
+                      group=pg)
+        return (None, None, None, None, None, None, *[found.get(id(t)) if t is not None else None for t in inputs])
+
+
+def _part(run, inputs, state):
+    """``run`` on this rank's positions; a rank that holds none passes the state on."""
+    if inputs[0].shape[1] == 0:
+        return inputs[0].new_zeros(inputs[0].shape), state
+    return run(inputs, state)
+
+
+def _chain(run: Callable, inputs: list, state_shape, group: str | None, whole: Callable):
+    """``whole()`` on one rank; else this rank's part of the chain over ``group``."""
+    from autosp.runtime import collectives
+    if group is None or collectives.group_size(group) == 1 or collectives.simulating():
+        return whole()
+    lay = collectives.layout(group)
+    if lay.zigzag:
+        raise RuntimeError(f"autosp: a recurrence along the sequence needs each rank's positions in one piece; the "
+                           f"layout {lay.describe()} gives a rank two (zigzag): compile with sp_strategy='ulysses'")
+    p = collectives.group_size(group)  # without zigzag the ranks hold the sequence in rank order
+    dtype = torch.promote_types(inputs[0].dtype, torch.float32)  # transformers' kernels keep the state in fp32
+    return _Chained.apply(run, tuple(state_shape), dtype, group, list(range(p)), collectives.group_rank(group), *inputs)
+
+
+def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str, *, group: str | None = None):
+    """``autosp::gated_delta_rule`` in the emitted program (see the module docstring)."""
+    fn = _kernel(kernel)
+
+    def run(inputs, state):
+        q, k, v, gate, b = inputs
+        return fn(q, k, v, g=gate, beta=b, chunk_size=chunk, initial_state=state, output_final_state=True,
+                  use_qk_l2norm_in_kernel=l2norm)
+
+    def whole():
+        return fn(query, key, value, g=g, beta=beta, chunk_size=chunk, use_qk_l2norm_in_kernel=l2norm)[0]
+    shape = (query.shape[0], value.shape[2], query.shape[3], value.shape[3])
+    return _chain(run, [query, key, value, g, beta], shape, group, whole)
+
+
+def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool, dt_min: float, dt_max: float,
+                      kernel: str, *, group: str | None = None):
+    """``autosp::mamba2_chunk_scan`` in the emitted program (see the module docstring)."""
+    fn = _kernel(kernel)
+
+    def run(inputs, state):  # A, D and dt_bias too: their gradients come from every part
+        xs, dts, Bs, Cs, As, Ds, dtbs = inputs
+        return fn(xs, dts, As, Bs, Cs, chunk, D=Ds, dt_bias=dtbs, initial_states=state, dt_softplus=dt_softplus,
+                  dt_limit=(dt_min, dt_max), return_final_states=True)
+
+    def whole():
+        return fn(x, dt, A, B, C, chunk, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max))
+    shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
+    return _chain(run, [x, dt, B, C, A, D, dt_bias], shape, group, whole)
