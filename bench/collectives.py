@@ -3,6 +3,7 @@
     python bench/collectives.py [--seq 1024] [--world 2] [--bucket-mb 25]
     python bench/collectives.py --fsdp [--world 2]     # FSDP2-sharded model state
     python bench/collectives.py --strategies [--world 4]   # Ulysses, hybrid and ring meshes
+    python bench/collectives.py --recurrences [--world 2]  # conv halo and state bytes (Mamba2, GDN)
 
 Every collective a rank issues during one training step (forward, backward and the
 gradient all-reduce) is seen by a dispatch mode: PyTorch's c10d and functional
@@ -33,6 +34,15 @@ by :mod:`autosp.runtime.ring`) and the bytes a rank sends, against the analytica
 of :func:`autosp.planning.strategy.price` (the model ``autosp.compile`` chooses with): Ulysses
 2 x (U-1)/U of q, k, v, o at the rank's frame; ring (R-1) K/V hops forward, (R-1) K/V
 and R dK/dV hops backward.
+
+With ``--recurrences`` (issue 26) a Mamba2 hybrid (Granite-4) and a Gated DeltaNet hybrid
+(Qwen3-Next), tiny configs, run one step, and the table gives per recurrent layer and
+rank the bytes handed to the conv halo's collectives (forward: the rank's last k - 1
+positions, B x C x (k - 1), to the all-gather; backward: the [P, B, C, k - 1] blocks to
+the all-reduce) and to the state sends (one state, B x H x d_k x d_v for Gated DeltaNet
+or B x H x head_dim x d_state for Mamba2, forward to the next rank unless last, backward
+to the previous unless first), measured by :class:`autosp.runtime.collectives.observe`,
+against those formulas from the config.
 """
 from __future__ import annotations
 
@@ -261,6 +271,82 @@ def strategy_table(world: int, seq: int) -> list[str]:
     return rows
 
 
+RECURRENT_MODELS = {  # name -> (config class, kwargs, recurrent layer kind)
+    "Granite-4 hybrid (Mamba2)": ("GraniteMoeHybridConfig", dict(
+        vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=32,
+        shared_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_n_groups=1,
+        mamba_d_state=16, mamba_d_head=32, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64,
+        layer_types=["mamba", "attention", "mamba", "attention"], use_cache=False, max_position_embeddings=4096,
+        position_embedding_type="rope"), "mamba"),
+    "Qwen3-Next (Gated DeltaNet)": ("Qwen3NextConfig", dict(
+        vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, intermediate_size=64, use_cache=False,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        max_position_embeddings=4096), "linear_attention"),
+}
+
+
+def _recurrent_analytical(cfg: dict, batch: int, world: int, rank: int, elem: int = 4) -> dict:
+    """Bytes one rank hands per recurrent layer: halo (fwd, bwd) and state (fwd, bwd)."""
+    if "mamba_n_heads" in cfg:
+        channels = cfg["mamba_expand"] * cfg["hidden_size"] + 2 * cfg["mamba_n_groups"] * cfg["mamba_d_state"]
+        kernel, state = cfg["mamba_d_conv"], cfg["mamba_n_heads"] * cfg["mamba_d_head"] * cfg["mamba_d_state"]
+    else:
+        channels = 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"] + \
+            cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+        kernel = cfg["linear_conv_kernel_dim"]
+        state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"]
+    tail = batch * channels * (kernel - 1) * elem
+    one = batch * state * elem
+    return {"halo": (tail, world * tail), "state": (one * (rank < world - 1), one * (rank > 0))}
+
+
+def _recurrent_body(rank, world, queue, name, seq):
+    import warnings
+
+    import transformers
+
+    import autosp
+    from autosp.runtime import collectives
+    config_class, cfg, kind = RECURRENT_MODELS[name]
+    config = getattr(transformers, config_class)(**cfg)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(config)
+    ids = torch.randint(0, cfg["vocab_size"], (1, seq))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = autosp.compile(model)
+        compiled(input_ids=ids, labels=ids).loss.backward()  # compile outside the count
+        with collectives.observe() as seen:
+            compiled(input_ids=ids, labels=ids).loss.backward()
+    sent: Counter = Counter()
+    for rec in seen.records:
+        if rec.kind in ("halo", "state"):
+            sent[(rec.kind, rec.backward)] += rec.bytes
+    layers = cfg["layer_types"].count(kind)
+    measured = {k: (sent[(k, False)] / layers, sent[(k, True)] / layers) for k in ("halo", "state")}
+    queue.put((rank, (measured, _recurrent_analytical(cfg, 1, world, rank))))
+
+
+def recurrence_table(world: int, seq: int) -> list[str]:
+    """Rows: per model and rank, halo and state bytes per recurrent layer against the formulas."""
+    rows = ["| model | rank | halo B / layer fwd + bwd | analytical | state B / layer fwd + bwd | analytical |",
+            "|---|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    for name in RECURRENT_MODELS:
+        res = run_ranks(_recurrent_body, world, args=(name, seq), timeout=900)
+        for rank in sorted(res):
+            measured, model = res[rank]
+            cells = [f"{measured[k][0]:.0f} + {measured[k][1]:.0f} | {model[k][0]:.0f} + {model[k][1]:.0f}"
+                     for k in ("halo", "state")]
+            rows.append(f"| {name} | {rank} | {cells[0]} | {cells[1]} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def analytical_bytes_per_layer(cfg: dict, seq: int, world: int, elem: int = 4) -> float:
     """Ulysses minimum, bytes a rank sends per attention layer (forward + backward)."""
     head_dim = cfg["hidden"] // cfg["heads"]
@@ -276,9 +362,12 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size (MiB)")
     parser.add_argument("--fsdp", action="store_true", help="count FSDP2's parameter collectives instead")
     parser.add_argument("--strategies", action="store_true", help="Ulysses, hybrid and ring meshes (P=--world)")
+    parser.add_argument("--recurrences", action="store_true", help="conv halo and state bytes (Mamba2, GDN)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    special = [(args.strategies, strategy_table, "Collectives and bytes per mesh", f"P={args.world}, batch 1"),
+    special = [(args.recurrences, recurrence_table, "Conv halo and recurrent state bytes per layer",
+                f"P={args.world}, batch 1"),
+               (args.strategies, strategy_table, "Collectives and bytes per mesh", f"P={args.world}, batch 1"),
                (args.fsdp, fsdp_table, "FSDP2 parameter collectives per step", "FSDP = SP over P ranks")]
     for wanted, make_table, title, context in special:
         if wanted:

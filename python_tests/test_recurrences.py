@@ -348,3 +348,33 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
         assert saved[("sp", 128)] / saved[("sp", 64)] <= 2.3, where
         if world == 2:
             assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where
+
+
+def _bytes_body(rank, world, queue, seed):
+    import autosp
+    from autosp.runtime import collectives
+    torch.manual_seed(seed)
+    compiled = autosp.compile(_granite())
+    ids = torch.randint(0, VOCAB, (2, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(input_ids=ids, labels=ids).loss.backward()
+        with collectives.observe() as seen:
+            compiled(input_ids=ids, labels=ids).loss.backward()
+    sent: dict = {}
+    for rec in seen.records:
+        if rec.kind in ("halo", "state"):
+            sent[(rec.kind, rec.backward)] = sent.get((rec.kind, rec.backward), 0) + rec.bytes
+    queue.put((rank, sent))
+
+
+def test_halo_and_state_bytes_are_the_analytical_figure(_fresh_seed):
+    """One step of the Granite-4 model at P = 2: what each rank hands to the halo's
+    collectives and to the state sends, against the formulas (bench/collectives.py
+    --recurrences reports the same for larger models)."""
+    results = run_ranks(_bytes_body, 2, args=(_fresh_seed % 10000,))
+    channels, kernel = 2 * 64 + 2 * 1 * 8, 4  # expand x hidden + 2 x groups x d_state; the conv kernel
+    tail = 2 * channels * (kernel - 1) * 4  # batch 2, fp32
+    state = 2 * 4 * 32 * 8 * 4  # B x heads x head_dim x d_state, fp32
+    assert results[0] == {("halo", False): tail, ("halo", True): 2 * tail, ("state", False): state}, results
+    assert results[1] == {("halo", False): tail, ("halo", True): 2 * tail, ("state", True): state}, results

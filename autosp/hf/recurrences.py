@@ -151,7 +151,6 @@ class _Chained(torch.autograd.Function):
         state = torch.zeros(state_shape, dtype=dtype, device=device)
         pg = collectives.process_group(group)
         if rank > 0:
-            collectives.record("state", group, state)
             dist.recv(state, src=dist.get_global_rank(pg, ranks[rank - 1]), group=pg)
         with torch.no_grad():
             out, final = _part(run, inputs, state)
@@ -171,7 +170,6 @@ class _Chained(torch.autograd.Function):
         pg = collectives.process_group(group)
         grad_final = torch.zeros_like(state)
         if rank < len(ranks) - 1:
-            collectives.record("state", group, grad_final, backward=True)
             dist.recv(grad_final, src=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
         inputs = [t.detach().requires_grad_(t.is_floating_point()) if t is not None else None for t in saved]
         start = state.detach().requires_grad_(rank > 0)
