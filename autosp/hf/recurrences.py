@@ -150,13 +150,15 @@ class _Chained(torch.autograd.Function):
         device = inputs[0].device
         state = torch.zeros(state_shape, dtype=dtype, device=device)
         pg = collectives.process_group(group)
-        if rank > 0:
+        live = not collectives.simulating()  # the memory model: the same saved tensors, no messages
+        if rank > 0 and live:
             dist.recv(state, src=dist.get_global_rank(pg, ranks[rank - 1]), group=pg)
         with torch.no_grad():
             out, final = _part(run, inputs, state)
         if rank < len(ranks) - 1:
             collectives.record("state", group, final)
-            dist.send(final.to(dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
+            if live:
+                dist.send(final.to(dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
         ctx.save_for_backward(state, *[t if isinstance(t, torch.Tensor) else None for t in inputs])
         ctx.args = (run, group, ranks, rank)
         ctx.tensor_inputs = [isinstance(t, torch.Tensor) for t in inputs]
@@ -169,7 +171,8 @@ class _Chained(torch.autograd.Function):
         state, *saved = ctx.saved_tensors
         pg = collectives.process_group(group)
         grad_final = torch.zeros_like(state)
-        if rank < len(ranks) - 1:
+        live = not collectives.simulating()
+        if rank < len(ranks) - 1 and live:
             dist.recv(grad_final, src=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
         inputs = [t.detach().requires_grad_(t.is_floating_point()) if t is not None else None for t in saved]
         start = state.detach().requires_grad_(rank > 0)
@@ -182,7 +185,8 @@ class _Chained(torch.autograd.Function):
             grad_start = found.get(id(start))
             grad_start = torch.zeros_like(state) if grad_start is None else grad_start
             collectives.record("state", group, grad_start, backward=True)
-            dist.send(grad_start.to(state.dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank - 1]),
+            if live:
+                dist.send(grad_start.to(state.dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank - 1]),
                       group=pg)
         return (None, None, None, None, None, None, *[found.get(id(t)) if t is not None else None for t in inputs])
 
@@ -197,7 +201,7 @@ def _part(run, inputs, state):
 def _chain(run: Callable, inputs: list, state_shape, group: str | None, whole: Callable):
     """``whole()`` on one rank; else this rank's part of the chain over ``group``."""
     from autosp.runtime import collectives
-    if group is None or collectives.group_size(group) == 1 or collectives.simulating():
+    if group is None or collectives.group_size(group) == 1:
         return whole()
     lay = collectives.layout(group)
     if lay.zigzag:
