@@ -403,7 +403,7 @@ def _memory_body(rank, world, queue, seed):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compiled(input_ids=ids, labels=ids).loss.backward()  # compile and warm up outside the measurement
-            reports = [measure_step(lambda: compiled(input_ids=ids, labels=ids).loss, model.parameters())
+            reports = [measure_step(lambda c=compiled, i=ids: c(input_ids=i, labels=i).loss, model.parameters())
                        for _ in range(2)]
         out[name] = (reports[0].saved_bytes, min(r.peak_bytes for r in reports))
     queue.put((rank, out))
