@@ -133,6 +133,7 @@ class Action(enum.Enum):
     REWINDOW = "replace the slice by a window change"
     LOCAL_INDEX = "index the sequence dim with the local range, shard the other operands"
     HALO = "prepend the positions before this rank's part (autosp.halo), convolve without padding"
+    MASKED_SCATTER = "fill this rank's true positions with their source elements (autosp.masked_scatter)"
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,8 @@ class Rules:
             return Decision(layouts[0], Action.HALO, halo=self.causal_conv_halo(op, layouts[0]))
         if kind is OpClass.RECURRENCE:
             return self.decide_recurrence(op, tensor_operands, layouts, res_dims, window)
+        if op_name(op) == ops.MASKED_SCATTER_OP:
+            return self.decide_masked_scatter(op, layouts, res_dims, window)
         if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
             dim = const_int(op.operands[1])
             if dim is None:
@@ -319,6 +322,19 @@ class Rules:
                                          "(a convolution, pooling or normalisation over positions); each rank holds "
                                          "only part of it, so autosp cannot shard this op")
         self.check_keeps_length(op, tensor_operands)
+
+    def decide_masked_scatter(self, op, layouts, res_dims, window) -> Decision:
+        """``masked_scatter(x, mask, source)`` reads the source in the order of the whole
+        mask's true elements: it is not token-wise. With ``x`` or ``mask`` sharded and the
+        source replicated (image features merged at image tokens), each rank takes its
+        elements' places from the gathered mask (:data:`Action.MASKED_SCATTER`); a sharded
+        source is refused."""
+        source_layout = layouts[2] if len(layouts) > 2 else REPLICATED
+        if isinstance(source_layout, SequenceSharded) or self.info.seq_dims(op.operands[2]) or len(res_dims) != 1:
+            raise DiagnosticError.at(op, "scatters a source that is itself sequence-sharded (or into a result "
+                                         "without one sequence dim); masked_scatter reads the source in the whole "
+                                         "mask's order, so autosp cannot shard it")
+        return Decision(SequenceSharded(res_dims[0], window), Action.MASKED_SCATTER)
 
     def decide_recurrence(self, op, tensor_operands, layouts, res_dims, window) -> Decision:
         """A recurrence with stated semantics (``ops.RECURRENCE_OPERATORS``): along dim 1 of

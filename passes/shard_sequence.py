@@ -39,8 +39,10 @@ from autosp.ir.contract import (
     ALL_GATHER,
     ALL_REDUCE,
     ATTENTION_ATTR,
+    GRAD_SHARE,
     HALO,
     LOCAL_LEN,
+    MASKED_SCATTER,
     PARAMETER_ATTR,
     REWINDOW,
     SCAN_GROUP_ATTR,
@@ -185,6 +187,22 @@ class _Rewriter:
             sliced = b.autosp_op(SHARD, [opened, self.seq_len], opened.type, dim=dim + merged.index(None),
                                  lo=window.lo, trim=window.trim, group=self.group)
             return _view(sliced, tensor_dims(value), value.type)
+
+    def masked_scatter(self, op, lay: SequenceSharded) -> ir.Value:
+        """``masked_scatter`` as ``autosp.masked_scatter`` (see ``Rules.decide_masked_scatter``)."""
+        x, mask, source = op.operands[0], op.operands[1], op.operands[2]
+        with ir.InsertionPoint(op), op.location:
+            merged = b.autosp_op(MASKED_SCATTER, [x, mask, source, self.seq_len], op.results[0].type, dim=lay.dim,
+                                 lo=lay.window.lo, trim=lay.window.trim, group=self.group)
+        op.results[0].replace_all_uses_with(merged)
+        self.info.dims[merged] = self.info.dims.get(op.results[0])
+        op.erase()
+        return merged
+
+    def grad_share(self, op, v) -> ir.Value:
+        """``autosp.grad_share`` of ``v``, just before ``op``."""
+        with ir.InsertionPoint(op), op.location:
+            return b.autosp_op(GRAD_SHARE, [v], v.type, group=self.group)
 
     def halo(self, op, lay: SequenceSharded, width: int) -> None:
         """A causal convolution (``Rules.causal_conv_halo``) on this rank's part: its input
@@ -427,6 +445,13 @@ class _Propagation:
             self.from_sequence_sums[self.rewriter.all_reduce(op)] = op
         elif decision.action is Action.HALO:
             self.rewriter.halo(op, decision.sharded(), decision.halo)
+        elif decision.action is Action.MASKED_SCATTER:
+            self.rewriter.shard_operands(op, decision.sharded().window, self.layouts)  # x and mask, if replicated
+            merged = self.rewriter.masked_scatter(op, decision.sharded())
+            self.layouts[merged] = decision.layout
+            if derived:
+                self.param_derived.add(merged)
+            return
         elif decision.action is Action.REWINDOW:
             # Rules rewindows only a slice of a sequence-sharded operand, and gives the new window.
             source = self.layout(op.operands[0])
@@ -454,8 +479,19 @@ class _Propagation:
             raise DiagnosticError.at(op, f"uses a sum over the sequence ('{op_name(sums[0])}') "
                                          "together with sequence-sharded values; each rank's gradient of that sum "
                                          "would miss the other ranks' positions, so autosp cannot shard this op")
+        for i, v in enumerate(list(op.operands)):  # a whole value of the parameters joins the sum: its share
+            if self.redundant(v):
+                op.operands[i] = self.rewriter.grad_share(op, v)
         for r in op.results:
             self.from_sequence_sums[r] = sums[0]
+
+    def redundant(self, v) -> bool:
+        """Is ``v`` a float tensor every rank computes whole from the parameters (replicated,
+        parameter-derived, not from a sum over the ranks)? Where it meets the objective its
+        gradient would count once per rank."""
+        shape = b.vtensor_shape(v.type) if is_tensor(v) else None
+        return shape is not None and shape[1].startswith(("f", "bf")) and self.layout(v) == REPLICATED and \
+            v in self.param_derived and v not in self.from_sequence_sums
 
     def check_local_scalars(self, op) -> None:
         """A local length may only shape sequence-sharded results."""
@@ -573,6 +609,8 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
         lay = walk.layout(v)
         if lay == HEAD_SHARDED:
             raise DiagnosticError.at(ret, f"returns head-sharded attention internals (result {i})")
+        if walk.redundant(v):  # returned whole from the parameters: each rank's share of its gradient
+            ret.operands[i] = walk.rewriter.grad_share(ret, v)
         if isinstance(lay, SequenceSharded) and gather_outputs:
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[i] = _gather_output(ret, v, lay, seq_len, group)

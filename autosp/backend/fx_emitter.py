@@ -78,6 +78,8 @@ _AUTOSP_OPS = {
     contract.REWINDOW: (collectives.rewindow, ("x", "seq_len")),
     contract.LOCAL_LEN: (collectives.local_len, ("seq_len",)),
     contract.HALO: (collectives.halo, ("x", "seq_len")),
+    contract.GRAD_SHARE: (collectives.grad_share, ("x",)),
+    contract.MASKED_SCATTER: (collectives.masked_scatter, ("x", "mask", "source", "seq_len")),
 }
 
 

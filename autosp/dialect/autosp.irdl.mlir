@@ -84,6 +84,33 @@ irdl.dialect @autosp {
     irdl.results(output: %result)
     irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
   }
+  // A replicated value every rank computes whole from the parameters (a vision tower's
+  // output), where it meets the objective: identity forward, 1/P of the gradient
+  // backward, so the ranks' parameter gradients sum to one device's.
+  irdl.operation @grad_share {
+    %tensor = irdl.base "!torch.vtensor"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor)
+    irdl.results(output: %tensor)
+    irdl.attributes { "group" = %group }
+  }
+  // masked_scatter(input, mask, source) with input and mask sharded on the window
+  // (lo, trim) along `dim` and the source replicated: each rank fills its true positions
+  // with the source elements their places in the whole mask's order take.
+  irdl.operation @masked_scatter {
+    %tensor = irdl.base "!torch.vtensor"
+    %bools = irdl.base "!torch.vtensor"
+    %values = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %dim = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor, mask: %bools, source: %values, seq_len: %int)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
+  }
   // A sharded value on the window (lo, trim) along `dim` with the `width` positions
   // before this rank's part prepended (zeros before the window): the input of a causal
   // convolution of kernel width + 1, run without padding (autosp-shard-sequence).

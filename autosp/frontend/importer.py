@@ -292,6 +292,7 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
         program = program.run_decompositions(table)
     symbolic.install()
     symbolic.rewrite_sym_float(program.graph_module.graph)
+    symbolic.rewrite_tensor_checks(program.graph_module.graph, program.graph_signature)
     importer = FxImporter(context=ctx, hooks=symbolic.DenseLiterals())
     importer.import_program(program, func_name="main", import_symbolic_shape_expressions=True)
     module = as_operation(importer.module)

@@ -50,6 +50,84 @@ def rewrite_sym_float(graph) -> int:
     return count
 
 
+def rewrite_tensor_checks(graph, signature=None) -> int:
+    """A runtime check of a boolean tensor, as ``torch._check_tensor_all`` exports it
+    (transformers' ``torch_compilable_check``: LLaVA's image-token count): ``u =
+    sym_ite(item(t), 1, 0)`` and assertions comparing ``u`` with constants. torch-mlir has
+    no ``sym_ite``. Each such ``u`` is 0 or 1, so the assertions are read at both: true at
+    both, they are dropped (range facts); true at 1 only, they are exactly "t is true" and
+    become one :func:`autosp.frontend.checks.check` of ``t`` (torch-mlir's importer drops
+    ``_assert_async``: the check's zero is added to the program's smallest float output,
+    so it stays in the data flow), which still fails at run time on bad input. Any other
+    ``sym_ite`` is left (and the import names it). Returns how many ``sym_ite`` were
+    rewritten."""
+    import operator
+
+    import torch
+    compare = {operator.ge: operator.ge, operator.le: operator.le, operator.eq: operator.eq,
+               operator.gt: operator.gt, operator.lt: operator.lt, operator.ne: operator.ne}
+    items = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.sym_ite or tuple(node.args[1:]) != (1, 0):
+            continue
+        item = node.args[0]
+        if not (isinstance(item, torch.fx.Node) and item.target in items):
+            continue
+        checks = list(node.users)
+        if not checks or any(c.target not in compare or c.args[0] is not node or not isinstance(c.args[1], int)
+                             or any(a.target is not torch.ops.aten._assert_scalar.default for a in c.users)
+                             for c in checks):
+            continue
+
+        def holds(u, checks=checks):
+            return all(compare[c.target](u, c.args[1]) for c in checks)
+        if not holds(1):
+            continue  # a check that fails whenever t is true: leave it to the import
+        asserts = [a for c in checks for a in c.users]
+        if not holds(0):
+            where = (node.meta.get("stack_trace") or "").strip().splitlines()[-1:] or ["?"]
+            _add_check(graph, item.args[0], f"autosp: the model's runtime check failed ({where[0].strip()})",
+                       signature)
+        for a in asserts:
+            graph.erase_node(a)
+        for c in checks:
+            graph.erase_node(c)
+        graph.erase_node(node)
+        if not item.users:
+            graph.erase_node(item)
+        count += 1
+    return count
+
+
+def _add_check(graph, cond, message: str, signature=None) -> None:
+    """``out + autosp::check(cond, message)`` for the graph's smallest float output (and
+    the export ``signature``'s output spec renamed to it: the importer reads outputs by
+    name)."""
+    import torch
+
+    from autosp.frontend import checks  # noqa: F401 - registers autosp::check
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    floats = [(i, n) for i, n in enumerate(flat) if isinstance(n, torch.fx.Node)
+              and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()]
+    if not floats:
+        raise NotImplementedError("a runtime check in a program without a float output")
+    i, out = min(floats, key=lambda item: item[1].meta["val"].numel())
+    val = out.meta["val"]
+    with graph.inserting_before(output):
+        zero = graph.call_function(torch.ops.autosp.check.default, (cond, message, val.dtype))
+        zero.meta["val"] = val.new_empty(())
+        total = graph.call_function(torch.ops.aten.add.Tensor, (out, zero))
+        total.meta["val"] = val
+    flat[i] = total
+    output.args = (type(output.args[0])(flat) if isinstance(output.args[0], (list, tuple)) else flat[0],)
+    if signature is not None:
+        spec = signature.output_specs[i]
+        if getattr(spec.arg, "name", None) == out.name:
+            spec.arg.name = total.name
+
+
 class DenseLiterals(fx_importer.FxImporterHooks):
     """Import constant tensors created inside ``forward`` as readable ``dense<…>`` literals.
 

@@ -80,6 +80,10 @@ REDUCE_SCATTER = _op("autosp.reduce_scatter", "reduce over the group, keep this 
 SHARD = _op("autosp.shard", "replicated -> this rank's chunk of a sequence window, no communication")
 REWINDOW = _op("autosp.rewindow", "a shard narrowed to a window inside its own (a sequence slice)")
 LOCAL_LEN = _op("autosp.local_len", "this rank's length of a sequence window")
+MASKED_SCATTER = _op("autosp.masked_scatter",
+                     "masked_scatter of a replicated source into sharded values: each rank takes its rows")
+GRAD_SHARE = _op("autosp.grad_share",
+                 "identity forward; backward 1/P of the gradient: a value every rank computes whole")
 HALO = _op("autosp.halo", "a shard with the positions before it prepended: a causal convolution's input")
 VOCAB_LOGPROB = _op("autosp.vocab_logprob", "the LM head's log-probability of each label, in row chunks")
 RING_ATTENTION = _op("autosp.ring_attention", "softmax attention with K/V blocks travelling a ring")

@@ -93,6 +93,7 @@ SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_
                  "torch.aten._unsafe_view")
 SLICE_OP = "torch.aten.slice.Tensor"
 CONVOLUTION_OP = "torch.aten.convolution"
+MASKED_SCATTER_OP = "torch.aten.masked_scatter"
 # Advanced indexing (operand 1: one index tensor, or None, per leading dim).
 INDEX_OPS = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
 # Ops that build 0, 1, ..., n-1 (with their start/step operands where they have them).

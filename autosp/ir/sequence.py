@@ -288,7 +288,8 @@ def analyze_sequence(module, require_attention: bool = True) -> SequenceInfo:
         elif any(r not in info.dims for r in op.results):
             _propagate_unbound(op, info)
 
-        if ops.is_sdpa(op):
+        if ops.is_sdpa(op) and (info.seq_dims(op.operands[0]) or info.seq_dims(op.operands[1])):
+            # (attention over another axis, a vision tower's patches, is replicated work)
             info.attention.append((op, AttentionKind.SDPA))
         elif name in ops.SOFTMAX_OPS and len(info.seq_dims(op.operands[0])) >= 2:
             info.attention.append((op, AttentionKind.MANUAL))

@@ -492,6 +492,60 @@ def all_gather(x: torch.Tensor, dim: int, group: str, seq_len: int | None = None
     return _AllGatherLocalBackward.apply(x, dim, group, held, lay.order(), lo)
 
 
+def _scatter_places(whole: torch.Tensor, mine: torch.Tensor, dim: int, lo: int, pieces) -> torch.Tensor:
+    """The source index of each true element of this rank's mask ``mine`` (its ``pieces``
+    of the gathered mask ``whole``): its place among the whole mask's true elements."""
+    order = whole.flatten().cumsum(0).view(whole.shape) - 1
+    return _narrow_pieces(order, dim, lo, pieces)[mine]
+
+
+class _GradShare(torch.autograd.Function):
+    """Identity forward; backward this rank's share, 1/P of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, size):
+        ctx.size = size
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.size, None
+
+
+def grad_share(x: torch.Tensor, group: str) -> torch.Tensor:
+    """``autosp.grad_share``: ``x`` (computed whole on every rank from the parameters, e.g.
+    a vision tower's returned states) with 1/P of its gradient in backward: every rank
+    gets the whole gradient of the objective, and the parameter gradients are summed over
+    the ranks, so without the share this path would count P times (see the module
+    docstring's SPMD gradients)."""
+    p = group_size(group)
+    return x if p == 1 or not x.is_floating_point() else _GradShare.apply(x, p)
+
+
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor, seq_len: int, dim: int, lo: int,
+                   trim: int, group: str) -> torch.Tensor:
+    """``autosp.masked_scatter``: ``x.masked_scatter(mask, source)`` where ``x`` and ``mask``
+    are this rank's part (the window ``[lo, seq_len - trim)`` along ``dim``) and ``source``
+    is whole (a vision tower's features, merged at the image tokens). masked_scatter takes
+    source elements in the order of the whole mask's true elements, so the rank gathers
+    the mask (one byte per element), numbers its true elements in that order, and fills
+    its own with those source elements. Too few source elements is an error, as on one
+    device. The source's gradient is this rank's rows (summed over ranks with the
+    parameters', as for every replicated value)."""
+    if group_size(group) == 1:
+        return x.masked_scatter(mask, source)
+    dim %= x.dim()
+    full_mask = mask.expand_as(x)
+    whole = all_gather(full_mask.to(torch.uint8), dim, group, seq_len=seq_len, lo=lo, trim=trim)
+    places = _scatter_places(whole, full_mask.bool(), dim, lo, spans(seq_len, lo, trim, layout(group),
+                                                                     group_rank(group)))
+    flat = source.flatten()
+    if places.numel() and int(places.max()) >= flat.numel():
+        raise RuntimeError(f"autosp.masked_scatter: the mask has more true elements than the source has elements "
+                           f"({flat.numel()})")
+    return x.masked_scatter(full_mask, flat.index_select(0, places))
+
+
 def _halo_sources(held: list, start: int, width: int) -> list:
     """For each of the ``width`` positions before ``start``: ``(rank, index)`` in that
     rank's tail block (its last ``width`` positions, left-padded), or None before 0. A

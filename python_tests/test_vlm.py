@@ -1,0 +1,138 @@
+"""A vision-language model (LLaVA), unmodified, made sequence-parallel (issue 26).
+
+The vision tower runs whole on every rank (its patches are not the text sequence: its
+attention is left alone). Its features are merged into the text at the image tokens by
+``masked_scatter``, which reads the source in the order of the whole mask's true
+elements: ``autosp-shard-sequence`` turns it into ``autosp.masked_scatter``, where each
+rank gathers the mask and fills its own image tokens with the features their places
+take, exact wherever the image's tokens fall (across a rank boundary too). The vision
+states the model returns are computed whole on every rank, so their gradient is shared
+(``autosp.grad_share``: 1/P each). transformers' image-token count check is kept as a
+run-time assertion (``sym_ite`` of a tensor check becomes ``_assert_async``).
+
+A tiny LLaVA (CLIP vision tower, Llama text model), two rows with one image each at
+different offsets, labels on the text only: loss, gathered logits, the returned vision
+states and every gradient against single-device eager, then 3 AdamW steps, at P = 2
+(S = 30) and P = 4 (S = 37). Negative controls: image features merged at each rank's
+own places (the order restarted per rank) must break parity, and a prompt with one image
+token too few must fail at run time instead of training on a misaligned merge.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
+
+TOL = 1e-5
+VOCAB = 128
+IMAGE = 100  # the image token id
+PATCHES = 16  # (16 / 4)^2 patches, the CLS feature dropped ("default")
+ZERO_GRADS = ("self_attn.k_proj.bias",)  # softmax ignores a key bias: its gradient is 0 (rounding)
+
+
+def _model():
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=4, image_size=16, patch_size=4, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                    use_cache=False)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE,
+                                   vision_feature_layer=-1, vision_feature_select_strategy="default")
+    cfg.use_cache = False
+    for c in (cfg, cfg.text_config, cfg.vision_config):
+        c._attn_implementation = "eager"
+    return transformers.LlavaForConditionalGeneration(cfg).float()
+
+
+def _batch(seq, gen, patches=PATCHES):
+    ids = torch.randint(0, IMAGE - 1, (2, seq), generator=gen)
+    for row, start in enumerate((3, seq - patches - 2)):  # one image per row, at other offsets
+        ids[row, start:start + patches] = IMAGE
+    return {"input_ids": ids, "pixel_values": torch.randn(2, 3, 16, 16, generator=gen),
+            "labels": ids.masked_fill(ids == IMAGE, -100)}
+
+
+def _grad_errors(model, reference):
+    from autosp.testing.parity import relative_error
+    scale = max(q.grad.abs().max().item() for q in reference.parameters() if q.grad is not None)
+    out = {}
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if p.grad is None or q.grad is None:  # (a parameter the step does not reach: on both sides)
+            out[name] = 0.0 if p.grad is None and q.grad is None else float("inf")
+        elif name.endswith(ZERO_GRADS):
+            out[name] = (p.grad - q.grad).abs().max().item() / scale
+        else:
+            out[name] = relative_error(p.grad, q.grad)
+    return max(out.values())
+
+
+def _run_case(seq, seed, control=None):
+    import autosp
+    from autosp.runtime import collectives
+    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity
+    torch.manual_seed(seed)
+    model = _model()
+    reference = copy.deepcopy(model)
+    original = collectives._scatter_places
+    if control == "own_places":  # each rank numbers its image tokens from 0
+        collectives._scatter_places = lambda whole, mine, dim, lo, pieces: torch.arange(int(mine.sum()))
+    try:
+        compiled = autosp.compile(model, gather_outputs=True)
+        gen = torch.Generator().manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = parity(reference, compiled, **_batch(seq, gen))
+            result = {"outputs": report.outputs, "grads": _grad_errors(model, reference)}
+            if control:
+                return result
+            ir = compiled.programs[0].mlir["transformed"]
+            result["merges"] = ir.count('"autosp.masked_scatter"')
+            opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
+            steps = []
+            for _ in range(3):
+                kw = _batch(seq, gen)
+                for m, o in ((reference, opt_ref), (compiled, opt)):
+                    o.zero_grad()
+                    m(**kw).loss.backward()
+                grads = _grad_errors(model, reference)
+                opt_ref.step()
+                opt.step()
+                steps.append((grads, parameter_distance(reference, model)))
+                align_parameters(model, reference)
+            result["steps"] = steps
+            try:  # one image token too few: transformers' check, kept
+                bad = _batch(seq, gen, patches=PATCHES - 1)
+                compiled(**bad).loss.backward()
+                result["mismatch"] = "trained"
+            except RuntimeError as e:
+                result["mismatch"] = str(e)
+        return result
+    finally:
+        collectives._scatter_places = original
+
+
+def _body(rank, world, queue, seed):
+    out = {"case": _run_case(30 if world == 2 else 37, seed)}
+    if world == 2:
+        out["control"] = _run_case(30, seed, control="own_places")
+    queue.put((rank, out))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_llava_matches_single_device(world, _fresh_seed):
+    results = run_ranks(_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, out in results.items():
+        r = out["case"]
+        where = f"rank {rank}, P={world}: {r}"
+        assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
+        for grads, params in r["steps"]:
+            assert grads <= TOL and params <= TOL, where
+        assert r["merges"] == 1, where
+        assert "runtime check failed" in r["mismatch"], where
+        if world == 2:
+            assert out["control"]["outputs"]["['logits']"] > 1e-3, out["control"]
