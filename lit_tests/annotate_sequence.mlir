@@ -124,3 +124,28 @@ func.func @dropout_mask_from_size_list(%x: !torch.vtensor<[2,?,32],f32> {autosp.
   %7 = torch.aten.scaled_dot_product_attention %q, %q, %q, %none, %float0, %true, %none, %false : !torch.vtensor<[2,1,?,32],f32>, !torch.vtensor<[2,1,?,32],f32>, !torch.vtensor<[2,1,?,32],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,1,?,32],f32>
   return %7 : !torch.vtensor<[2,1,?,32],f32>
 }
+
+// -----
+
+// Attention over another axis (a vision tower's 17 patches, no size from S) is not
+// attention over the sequence: it is left unmarked (replicated work), the text's is marked.
+// CHECK-LABEL: func.func @patch_attention_is_not_sequence_attention
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0
+// CHECK-NOT: autosp.attention
+// CHECK-SAME: -> !torch.vtensor<[1,2,17,8],f32>
+// CHECK: torch.aten.scaled_dot_product_attention %arg1, %arg1, %arg1, {{.*}} {autosp.attention = "sdpa"
+func.func @patch_attention_is_not_sequence_attention(
+    %p: !torch.vtensor<[1,2,17,8],f32>,
+    %x: !torch.vtensor<[1,2,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64})
+    -> (!torch.vtensor<[1,2,17,8],f32>, !torch.vtensor<[1,2,?,8],f32>) {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %float0 = torch.constant.float 0.000000e+00
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (1, 2, s0, 8)> : !torch.vtensor<[1,2,?,8],f32>
+  %a = torch.aten.scaled_dot_product_attention %p, %p, %p, %none, %float0, %false, %none, %false : !torch.vtensor<[1,2,17,8],f32>, !torch.vtensor<[1,2,17,8],f32>, !torch.vtensor<[1,2,17,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,17,8],f32>
+  %o = torch.aten.scaled_dot_product_attention %x, %x, %x, %none, %float0, %true, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (1, 2, s0, 8)> : !torch.vtensor<[1,2,?,8],f32>
+  return %a, %o : !torch.vtensor<[1,2,17,8],f32>, !torch.vtensor<[1,2,?,8],f32>
+}

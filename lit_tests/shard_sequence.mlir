@@ -552,3 +552,40 @@ func.func @causal_conv_halo(%w: !torch.vtensor<[64,8],f32> {autosp.parameter = "
   torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (2, 8, s0)> : !torch.vtensor<[2,8,?],f32>
   return %z : !torch.vtensor<[2,8,?],f32>
 }
+
+// -----
+
+// Image features merged at the image tokens: masked_scatter reads its (replicated) source
+// in the whole mask's order, so it is not token-wise. It becomes autosp.masked_scatter on
+// this rank's embeddings and mask, with the whole source and the sequence length. The
+// features, computed whole from the parameters and also returned, get their gradient
+// shared at the return (autosp.grad_share: 1/P a rank).
+// CHECK-LABEL: func.func @image_features_merged
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[F:.*]] = torch.aten.mm %arg2, %arg1
+// CHECK: %[[M:.*]] = "autosp.masked_scatter"(%[[E]], %{{.*}}, %[[F]], %{{.*}}) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK-NOT: torch.aten.masked_scatter
+// CHECK: %[[S:.*]] = "autosp.grad_share"(%[[F]]) {group = "sp"}
+// CHECK: return %[[M]], %[[S]]
+func.func @image_features_merged(%w: !torch.vtensor<[64,8],f32> {autosp.parameter = "w"},
+                                 %proj: !torch.vtensor<[8,8],f32> {autosp.parameter = "proj"},
+                                 %patches: !torch.vtensor<[4,8],f32> {autosp.input = "args[1]"},
+                                 %ids: !torch.vtensor<[1,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[1,?,8],f32>, !torch.vtensor<[4,8],f32>) {
+  %int-1 = torch.constant.int -1
+  %int8 = torch.constant.int 8
+  %int60 = torch.constant.int 60
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (1, s0)> : !torch.vtensor<[1,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,8],f32>, !torch.vtensor<[1,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[1,?,8],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
+  %f = torch.aten.mm %patches, %proj : !torch.vtensor<[4,8],f32>, !torch.vtensor<[8,8],f32> -> !torch.vtensor<[4,8],f32>
+  %is = torch.aten.eq.Scalar %ids, %int60 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,?],i1>
+  torch.bind_symbolic_shape %is, [%s], affine_map<()[s0] -> (1, s0)> : !torch.vtensor<[1,?],i1>
+  %u = torch.aten.unsqueeze %is, %int-1 : !torch.vtensor<[1,?],i1>, !torch.int -> !torch.vtensor<[1,?,1],i1>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (1, s0, 1)> : !torch.vtensor<[1,?,1],i1>
+  %m = torch.aten.masked_scatter %e, %u, %f : !torch.vtensor<[1,?,8],f32>, !torch.vtensor<[1,?,1],i1>, !torch.vtensor<[4,8],f32> -> !torch.vtensor<[1,?,8],f32>
+  torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
+  return %m, %f : !torch.vtensor<[1,?,8],f32>, !torch.vtensor<[4,8],f32>
+}

@@ -570,3 +570,27 @@ func.func @centred_conv_refused(%w: !torch.vtensor<[64,8],f32> {autosp.parameter
   torch.bind_symbolic_shape %z, [%s], affine_map<()[s0] -> (2, 8, s0)> : !torch.vtensor<[2,8,?],f32>
   return %z : !torch.vtensor<[2,8,?],f32>
 }
+
+// -----
+
+// masked_scatter of a source that is itself sequence-sharded: each rank would need other
+// ranks' source elements; refused.
+func.func @masked_scatter_sharded_source(%w: !torch.vtensor<[64,8],f32> {autosp.parameter = "w"},
+                                         %ids: !torch.vtensor<[1,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[1,?,8],f32> {
+  %int-1 = torch.constant.int -1
+  %int60 = torch.constant.int 60
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (1, s0)> : !torch.vtensor<[1,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,8],f32>, !torch.vtensor<[1,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[1,?,8],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
+  %is = torch.aten.eq.Scalar %ids, %int60 : !torch.vtensor<[1,?],si64>, !torch.int -> !torch.vtensor<[1,?],i1>
+  torch.bind_symbolic_shape %is, [%s], affine_map<()[s0] -> (1, s0)> : !torch.vtensor<[1,?],i1>
+  %u = torch.aten.unsqueeze %is, %int-1 : !torch.vtensor<[1,?],i1>, !torch.int -> !torch.vtensor<[1,?,1],i1>
+  torch.bind_symbolic_shape %u, [%s], affine_map<()[s0] -> (1, s0, 1)> : !torch.vtensor<[1,?,1],i1>
+  // expected-error@+1 {{'torch.aten.masked_scatter' op scatters a source that is itself sequence-sharded}}
+  %m = torch.aten.masked_scatter %e, %u, %e : !torch.vtensor<[1,?,8],f32>, !torch.vtensor<[1,?,1],i1>, !torch.vtensor<[1,?,8],f32> -> !torch.vtensor<[1,?,8],f32>
+  torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
+  return %m : !torch.vtensor<[1,?,8],f32>
+}
