@@ -159,6 +159,39 @@ def test_negative_control_llama4_chunks_unproven_keep_the_mask(monkeypatch):
     assert step.quadratic, (step.kernels(), step.problems())
 
 
+def _hybrids():
+    granite = transformers.GraniteMoeHybridConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+        shared_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_n_groups=1,
+        mamba_d_state=16, mamba_d_head=32, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64,
+        layer_types=["mamba", "attention"], use_cache=False, max_position_embeddings=1 << 18,
+        position_embedding_type="rope")
+    qwen = transformers.Qwen3NextConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, intermediate_size=64, use_cache=False,
+        layer_types=["linear_attention", "full_attention"], max_position_embeddings=1 << 18)
+    return {"granite": granite, "qwen3_next": qwen}
+
+
+@pytest.mark.parametrize("family", ["granite", "qwen3_next"])
+def test_recurrent_hybrids_run_chunked_kernels_and_flash(family):
+    """Mamba2 and Gated DeltaNet hybrids on CUDA at P = 4: the recurrences' torch kernels
+    in 64-position chunks (no [S, S] tensor), the attention layer flash, the conv halo and
+    the chained states contiguous, NCCL-ready; the first and the last rank."""
+    for step in cuda_step(_hybrids()[family], S, sp_size=4, call="plain"):
+        step.check()
+        assert step.kernels() == {"flash": 1, "flash backward": 1}, step.kernels()
+
+
+def test_negative_control_mamba2_state_sent_as_the_kernels_view(monkeypatch):
+    from autosp.hf import recurrences
+    monkeypatch.setattr(recurrences, "_message", lambda state, dtype: state.to(dtype))
+    step = cuda_step(_hybrids()["granite"], S, sp_size=4, call="plain", ranks=[0])[0]
+    assert any("non-contiguous state" in p for p in step.problems()), step.problems()
+
+
 def test_fsdp2_and_memory_budget_with_offload():
     steps = cuda_step(_llama(num_hidden_layers=3), S, sp_size=2, call="position_ids", fsdp=2)
     for step in steps:

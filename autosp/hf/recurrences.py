@@ -156,9 +156,10 @@ class _Chained(torch.autograd.Function):
         with torch.no_grad():
             out, final = _part(run, inputs, state)
         if rank < len(ranks) - 1:
-            collectives.record("state", group, final)
+            message = _message(final, dtype)
+            collectives.record("state", group, message)
             if live:
-                dist.send(final.to(dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
+                dist.send(message, dst=dist.get_global_rank(pg, ranks[rank + 1]), group=pg)
         ctx.save_for_backward(state, *[t if isinstance(t, torch.Tensor) else None for t in inputs])
         ctx.args = (run, group, ranks, rank)
         ctx.tensor_inputs = [isinstance(t, torch.Tensor) for t in inputs]
@@ -184,11 +185,17 @@ class _Chained(torch.autograd.Function):
         if rank > 0:
             grad_start = found.get(id(start))
             grad_start = torch.zeros_like(state) if grad_start is None else grad_start
-            collectives.record("state", group, grad_start, backward=True)
+            message = _message(grad_start, state.dtype)
+            collectives.record("state", group, message, backward=True)
             if live:
-                dist.send(grad_start.to(state.dtype).contiguous(), dst=dist.get_global_rank(pg, ranks[rank - 1]),
-                      group=pg)
+                dist.send(message, dst=dist.get_global_rank(pg, ranks[rank - 1]), group=pg)
         return (None, None, None, None, None, None, *[found.get(id(t)) if t is not None else None for t in inputs])
+
+
+def _message(state: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A state as sent: contiguous (Mamba2's kernel returns its final state as a view of
+    all the chunks' states; NCCL sends whole tensors), in the chain's dtype."""
+    return state.to(dtype).contiguous()
 
 
 def _part(run, inputs, state):
