@@ -94,12 +94,14 @@ class CompiledProgram:
         runner's original) is updated; once per device."""
         if self._constants_device == device:
             return
+        from torch.utils._python_dispatch import _disable_current_modes
         holders = [self.graph_module] + ([self.runner] if isinstance(self.runner, torch.nn.Module) else [])
-        for holder in holders:
-            for module in holder.modules():
-                for name, buf in list(module.named_buffers(recurse=False)):
-                    if name.startswith("_const") and buf.device != device:
-                        module.register_buffer(name, buf.to(device))
+        with _disable_current_modes():  # program state, not the step's: no memory tracker sees the copies
+            for holder in holders:
+                for module in holder.modules():
+                    for name, buf in list(module.named_buffers(recurse=False)):
+                        if name.startswith("_const") and buf.device != device:
+                            module.register_buffer(name, buf.to(device))
         self._constants_device = device
 
     def __call__(self, model: torch.nn.Module, leaves: list, grad_sync=None) -> object:
