@@ -26,6 +26,7 @@ import torch.fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from autosp.frontend import checks  # noqa: F401 - registers autosp::check (a rank may only emit)
 from autosp.hf import recurrences
 from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
