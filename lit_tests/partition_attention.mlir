@@ -210,3 +210,47 @@ func.func @attention_sinks(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "ar
   %0 = torch.operator "torch.autosp.sink_attention"(%q, %q, %q, %none, %float0, %true, %none, %false, %sinks) : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool, !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,?,8],f32>
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }
+
+// -----
+
+// A Gated DeltaNet op (a stated recurrence along dim 1) whose heads divide over the ranks
+// (2 key, 4 value heads at sp-size 2) runs Ulysses-style: an all-to-all to heads for each
+// input, the op on this rank's heads over the whole sequence, an all-to-all back (no state
+// chain). At sp-size 4 the 2 key heads do not divide: left to autosp-shard-sequence's chain.
+// CHECK-LABEL: func.func @gated_delta_rule_heads
+// CHECK: %[[Q:.*]] = "autosp.all_to_all"(%arg1, %{{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 2 : i64} : {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
+// CHECK: %[[K:.*]] = "autosp.all_to_all"(%arg2, {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
+// CHECK: %[[V:.*]] = "autosp.all_to_all"(%arg3, {{.*}} -> !torch.vtensor<[2,?,2,8],f32>
+// CHECK: %[[G:.*]] = "autosp.all_to_all"(%arg4, {{.*}} -> !torch.vtensor<[2,?,2],f32>
+// CHECK: %[[B:.*]] = "autosp.all_to_all"(%arg5, {{.*}} -> !torch.vtensor<[2,?,2],f32>
+// CHECK: %[[O:.*]] = torch.operator "torch.autosp.gated_delta_rule"(%[[Q]], %[[K]], %[[V]], %[[G]], %[[B]],
+// CHECK: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]], %{{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 1 : i64} : {{.*}} -> !torch.vtensor<[2,?,4,8],f32>
+// CHECK: return %{{.*}}, %[[BACK]]
+// P4-LABEL: func.func @gated_delta_rule_heads
+// P4: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5,
+func.func @gated_delta_rule_heads(%x: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                                  %gq: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64},
+                                  %gk: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 1 : i64},
+                                  %gv: !torch.vtensor<[2,?,4,8],f32> {autosp.input = "args[3]", autosp.seq_dim = 1 : i64},
+                                  %gg: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[4]", autosp.seq_dim = 1 : i64},
+                                  %gb: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[5]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>) {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %float0 = torch.constant.float 0.000000e+00
+  %int64 = torch.constant.int 64
+  %str = torch.constant.str "transformers.models.qwen3_next.modeling_qwen3_next:torch_chunk_gated_delta_rule"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %gq, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gk, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gv, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %gg, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  torch.bind_symbolic_shape %gb, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  %a = torch.aten.scaled_dot_product_attention %x, %x, %x, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %a, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %o = torch.operator "torch.autosp.gated_delta_rule"(%gq, %gk, %gv, %gg, %gb, %true, %int64, %str) : (!torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,4,8],f32>, !torch.vtensor<[2,?,4],f32>, !torch.vtensor<[2,?,4],f32>, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  return %a, %o : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>
+}

@@ -50,7 +50,18 @@ from autosp.ir.contract import (
     WINDOW_ATTR,
     AttentionKind,
 )
-from autosp.ir.core import as_operation, const_bool, const_float, const_int, is_none, op_name, producer, users
+from autosp.ir.core import (
+    as_operation,
+    body_ops,
+    const_bool,
+    const_float,
+    const_int,
+    is_none,
+    main_func,
+    op_name,
+    producer,
+    users,
+)
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
@@ -110,6 +121,8 @@ class PartitionAttention(ModulePass):
             as_operation(module).attributes[SP_LAYOUT_ATTR] = ir.StringAttr.get(choice.layout.describe())
             as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
         partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring)
+        if choice.ring == 1:
+            partition_recurrences(module, info, self.sp_size, self.group, sequence_length_value(module, info))
 
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
@@ -307,6 +320,57 @@ def to_ring(op, group: str, seq_len: ir.Value) -> None:
         ring.owner.attributes[SINK_HEADS_ATTR] = op.attributes[SINK_HEADS_ATTR]
     op.results[0].replace_all_uses_with(ring)
     op.erase()
+
+
+def gated_delta_rule_heads(op, sp_size: int) -> bool:
+    """Can the Gated DeltaNet op run Ulysses-style, each rank on its heads over the whole
+    sequence: q, k [B, S, Hk, dk], v [B, S, Hv, dv], g and beta [B, S, Hv], with both Hk and
+    Hv static and divisible by ``sp_size`` (value head j reads key head j // (Hv / Hk), so
+    contiguous chunks of both line up)."""
+    shapes = [b.vtensor_shape(v.type) for v in op.operands[:5]]
+    if any(s is None for s in shapes):
+        return False
+    ranks = [len(s[0]) for s in shapes if s is not None]
+    heads = [s[0][2] for s in shapes if s is not None and len(s[0]) > 2]
+    return ranks == [4, 4, 4, 3, 3] and all(h is not None and h % sp_size == 0 for h in heads)
+
+
+def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, seq_len) -> int:
+    """Gated DeltaNet ops whose heads divide over the ranks (:func:`gated_delta_rule_heads`)
+    run on ``sp_size`` ranks' heads over the whole sequence: an all-to-all to heads for each
+    input, the kernel as it is, an all-to-all back: parallel, where the state chain
+    (``autosp-shard-sequence``) runs the ranks one after another. Both are exact; this one
+    moves 2 (P - 1) / P of the inputs and output per layer instead of one state per rank
+    boundary, and takes one part's time instead of P. Returns how many were rewritten."""
+    count = 0
+    for op in [o for o in body_ops(main_func(module)) if op_name(o) == "torch.operator"
+               and ops.operator_name(o) == "torch.autosp.gated_delta_rule"]:
+        if seq_len is None or not gated_delta_rule_heads(op, sp_size) or \
+                any(info.seq_dims(v) != [1] for v in op.operands[:5]):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            moved = []
+            for v in op.operands[:5]:
+                dims, dtype = b.vtensor_shape(v.type)  # type: ignore[misc]
+                h = dims[2]
+                assert h is not None  # gated_delta_rule_heads read it
+                local = [dims[0], None, h // sp_size] + list(dims[3:])
+                moved.append(b.autosp_op(ALL_TO_ALL, [v, seq_len], b.vtensor_type(local, dtype), split_dim=2,
+                                         concat_dim=1, seq_dim=1, group=group))
+            out_dims, out_dtype = b.vtensor_shape(op.results[0].type)  # type: ignore[misc]
+            out_heads = out_dims[2]
+            assert out_heads is not None  # the value's heads (static, as read above)
+            local_out = [out_dims[0], None, out_heads // sp_size, out_dims[3]]
+            attrs = {n: op.attributes[n] for n in op.attributes}
+            heads = ir.Operation.create("torch.operator", results=[b.vtensor_type(local_out, out_dtype)],
+                                        operands=moved + list(op.operands[5:]), attributes=attrs)
+        with ir.InsertionPoint.after(heads), op.location:
+            back = b.autosp_op(ALL_TO_ALL, [heads.result, seq_len], op.results[0].type, split_dim=1, concat_dim=2,
+                               seq_dim=1, group=group)
+        op.results[0].replace_all_uses_with(back)
+        op.erase()
+        count += 1
+    return count
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp", *, ulysses: int = 0,

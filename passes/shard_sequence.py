@@ -431,7 +431,7 @@ class _Propagation:
         decision = self.rules.decide(op, kind, tensor_operands, layouts, derived)
         self.check_sequence_sums(op, tensor_operands, decision)
         result = op.results[0]
-        if kind is OpClass.RECURRENCE:  # the emitter chains it over the group
+        if kind is OpClass.RECURRENCE and isinstance(decision.layout, SequenceSharded):  # chained over the group
             op.attributes[SCAN_GROUP_ATTR] = ir.StringAttr.get(self.rewriter.group)
         if decision.action is Action.SHARD_OPERANDS:
             self.rewriter.shard_operands(op, decision.sharded().window, self.layouts)
