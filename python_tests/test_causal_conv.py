@@ -99,7 +99,7 @@ def test_negative_control_halo_without_exchange_is_wrong(_fresh_seed):
 
 def _run_case(seq, seed, strategy="ulysses", control=False):
     import autosp
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
     model = ConvAttnLM()
     reference = copy.deepcopy(model)
@@ -113,20 +113,8 @@ def _run_case(seq, seed, strategy="ulysses", control=False):
         if control:
             return result
         result["halos"] = compiled.programs[0].mlir["transformed"].count('"autosp.halo"')
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            step_ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                m(step_ids, step_ids)[0].backward()
-            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
-            opt_ref.step()
-            opt.step()
-            steps.append((grads, parameter_distance(reference, model)))
-            align_parameters(model, reference)
-        result["steps"] = steps
+        result["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(x, x)[0],
+                                      [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
         return result
     finally:
         restore()

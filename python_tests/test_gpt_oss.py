@@ -56,9 +56,8 @@ def _kwargs(ids, pad: bool):
 
 def _run_case(strategy, seq, pad, seed, control=None):
     import autosp
-    from autosp.planning.memory import SavedTensors
     from autosp.runtime import attention, ring
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import adamw_steps, parity, saved_growth
     torch.manual_seed(seed)
     model = _model()
     reference = copy.deepcopy(model)
@@ -81,28 +80,13 @@ def _run_case(strategy, seq, pad, seed, control=None):
         result["sink_ops"] = ir.count('"torch.autosp.sink_attention"') + ir.count("1, 1, 1, 1, 0, 1>") \
             + ir.count("1, 1, 1, 1, 1, 1>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            kw = _kwargs(torch.randint(0, VOCAB, (2, seq), generator=gen), pad)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                m(**kw).loss.backward()
-            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
-            opt_ref.step()
-            opt.step()
-            steps.append((grads, parameter_distance(reference, model)))
-            align_parameters(model, reference)
-        result["steps"] = steps
-        saved = []
-        for s in (seq * 2, seq * 4):  # bytes kept for backward at S and 2S (this rank's)
-            kw = _kwargs(torch.randint(0, VOCAB, (2, s), generator=gen), pad)
-            with SavedTensors(list(model.parameters())) as kept:
-                out = compiled(**kw)
-            saved.append(kept.bytes)
-            del out
-        result["saved_growth"] = saved[1] / saved[0]
+        def loss_of(m, kw):
+            return m(**kw).loss
+        result["steps"] = adamw_steps(reference, model, compiled, loss_of,
+                                      [_kwargs(torch.randint(0, VOCAB, (2, seq), generator=gen), pad) for _ in range(3)])
+        result["saved_growth"] = saved_growth(compiled, model, loss_of,
+                                              [_kwargs(torch.randint(0, VOCAB, (2, s), generator=gen), pad)
+                                               for s in (seq * 2, seq * 4)])
         return result
     finally:
         ring._add_sinks, attention.heads_chunk = originals

@@ -77,9 +77,8 @@ def test_emitter_maps_torch_mlir_dtype_numbers():
 
 def _run_case(strategy, seq, seed, control=None):
     import autosp
-    from autosp.planning.memory import SavedTensors
     from autosp.runtime import attention
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import adamw_steps, parity, saved_growth
     torch.manual_seed(seed)
     model = _model()
     reference = copy.deepcopy(model)
@@ -102,28 +101,12 @@ def _run_case(strategy, seq, seed, control=None):
         # chunked layers: SDPA within documents (Ulysses), or a ring op with the ids as its mask
         result["chunked"] = ir.count("autosp.documents}") + ir.count("1, 1, 1, 1, 1, 0>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            step_ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                m(input_ids=step_ids, labels=step_ids).loss.backward()
-            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
-            opt_ref.step()
-            opt.step()
-            steps.append((grads, parameter_distance(reference, model)))
-            align_parameters(model, reference)
-        result["steps"] = steps
-        saved = []
-        for s in (seq * 2, seq * 4):  # bytes kept for backward at S and 2S (this rank's)
-            step_ids = torch.randint(0, VOCAB, (2, s), generator=gen)
-            with SavedTensors(list(model.parameters())) as kept:
-                out = compiled(input_ids=step_ids, labels=step_ids)
-            saved.append(kept.bytes)
-            del out
-        result["saved_growth"] = saved[1] / saved[0]
+        def loss_of(m, ids):
+            return m(input_ids=ids, labels=ids).loss
+        result["steps"] = adamw_steps(reference, model, compiled, loss_of,
+                                      [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
+        result["saved_growth"] = saved_growth(compiled, model, loss_of, [torch.randint(0, VOCAB, (2, s), generator=gen)
+                                                                        for s in (seq * 2, seq * 4)])
         return result
     finally:
         attention.document_attention = original

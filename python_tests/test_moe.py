@@ -149,8 +149,7 @@ def _per_shard_statistics():
 
 def _run_case(name, seq, seed, control=False):
     import autosp
-    from autosp.planning.memory import SavedTensors
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import adamw_steps, parity, saved_growth
     torch.manual_seed(seed)
     model = HandMoE() if name == "hand" else _hf(name.removesuffix("_masked"))
     reference = copy.deepcopy(model)
@@ -169,28 +168,12 @@ def _run_case(name, seq, seed, control=False):
         ir = compiled.programs[0].mlir["transformed"]
         result["experts_ops"] = ir.count("torch.autosp.token_experts")
         result["counts_reduced"] = ir.count('"torch.aten.histc"') + ir.count("torch.aten.scatter_add")
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                _call(name, m, ids)["loss"].backward()
-            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
-            opt_ref.step()
-            opt.step()
-            steps.append((grads, parameter_distance(reference, model)))
-            align_parameters(model, reference)
-        result["steps"] = steps
-        saved = []
-        for s in (seq * 2, seq * 4):  # bytes kept for backward at S and 2S (this rank's)
-            ids = torch.randint(0, VOCAB, (2, s), generator=gen)
-            with SavedTensors(list(model.parameters())) as kept:
-                out = _call(name, compiled, ids)
-            saved.append(kept.bytes)
-            del out
-        result["saved_growth"] = saved[1] / saved[0]
+        def loss_of(m, ids):
+            return _call(name, m, ids)["loss"]
+        result["steps"] = adamw_steps(reference, model, compiled, loss_of,
+                                      [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
+        result["saved_growth"] = saved_growth(compiled, model, lambda m, ids: _call(name, m, ids),
+                                              [torch.randint(0, VOCAB, (2, s), generator=gen) for s in (seq * 2, seq * 4)])
         return result
     finally:
         if restore is not None:

@@ -219,7 +219,7 @@ def _judge(model, reference, ids) -> tuple[dict, list]:
 
 def _run_case(seq, seed, exact):
     import autosp
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity
+    from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
     model = _model(exact)
     reference = copy.deepcopy(model)
@@ -238,22 +238,17 @@ def _run_case(seq, seed, exact):
         if exact:
             return result
         result["judged"] = [_judge(model, reference, ids)]
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            step_ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    m(input_ids=step_ids, labels=step_ids).loss.backward()
-            result["judged"].append(_judge(model, reference, step_ids))
-            opt_ref.step()
-            opt.step()
-            steps.append(parameter_distance(reference, model))
-            align_parameters(model, reference)
-        result["steps"] = steps
+        batches = [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)]
+        pending = iter(batches)
+
+        def judged(model, reference):  # every gradient, by eager or by the truth
+            result["judged"].append(_judge(model, reference, next(pending)))
+            return 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result["steps"] = [d for _, d in adamw_steps(reference, model, compiled,
+                                                          lambda m, x: m(input_ids=x, labels=x).loss, batches,
+                                                          grad_error=judged)]
         return result
     finally:
         modeling_qwen3_next.torch_chunk_gated_delta_rule = KERNEL
@@ -300,7 +295,7 @@ def _granite():
 def _granite_body(rank, world, queue, seed):
     import autosp
     from autosp.planning.memory import SavedTensors
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity, relative_error
+    from autosp.testing.parity import adamw_steps, parity
     seq = 15 if world == 2 else 19
     torch.manual_seed(seed)
     model = _granite()
@@ -314,20 +309,8 @@ def _granite_body(rank, world, queue, seed):
         ir = compiled.programs[0].mlir["transformed"]
         result = {"outputs": report.outputs, "grads": report.max_grad_error, "chained": ir.count("autosp.scan_group"),
                   "halos": ir.count('"autosp.halo"')}
-        opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-        steps = []
-        for _ in range(3):
-            step_ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
-            for m, o in ((reference, opt_ref), (compiled, opt)):
-                o.zero_grad()
-                m(input_ids=step_ids, labels=step_ids).loss.backward()
-            grads = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
-            opt_ref.step()
-            opt.step()
-            steps.append((grads, parameter_distance(reference, model)))
-            align_parameters(model, reference)
-        result["steps"] = steps
+        result["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(input_ids=x, labels=x).loss,
+                                      [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
         saved = {}
         for s in (64, 128):  # bytes kept for backward: this rank's, and one device's
             step_ids = torch.randint(0, VOCAB, (2, s), generator=gen)

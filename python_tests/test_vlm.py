@@ -73,7 +73,7 @@ def _grad_errors(model, reference):
 def _run_case(seq, seed, control=None):
     import autosp
     from autosp.runtime import collectives
-    from autosp.testing.parity import ADAM_EPS, align_parameters, parameter_distance, parity
+    from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
     model = _model()
     reference = copy.deepcopy(model)
@@ -91,20 +91,8 @@ def _run_case(seq, seed, control=None):
                 return result
             ir = compiled.programs[0].mlir["transformed"]
             result["merges"] = ir.count('"autosp.masked_scatter"')
-            opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=ADAM_EPS)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=ADAM_EPS)
-            steps = []
-            for _ in range(3):
-                kw = _batch(seq, gen)
-                for m, o in ((reference, opt_ref), (compiled, opt)):
-                    o.zero_grad()
-                    m(**kw).loss.backward()
-                grads = _grad_errors(model, reference)
-                opt_ref.step()
-                opt.step()
-                steps.append((grads, parameter_distance(reference, model)))
-                align_parameters(model, reference)
-            result["steps"] = steps
+            result["steps"] = adamw_steps(reference, model, compiled, lambda m, kw: m(**kw).loss,
+                                          [_batch(seq, gen) for _ in range(3)], grad_error=_grad_errors)
             try:  # one image token too few: transformers' check, kept
                 bad = _batch(seq, gen, patches=PATCHES - 1)
                 compiled(**bad).loss.backward()

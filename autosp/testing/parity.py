@@ -135,3 +135,44 @@ def parity(reference: torch.nn.Module, candidate: torch.nn.Module, *args, params
         else:
             report.grads[name] = relative_error(cand.grad, ref_param.grad)
     return report
+
+
+def max_grad_error(model: torch.nn.Module, reference: torch.nn.Module) -> float:
+    """The largest :func:`relative_error` of ``model``'s gradients against ``reference``'s
+    (in parameter order)."""
+    return max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+
+
+def adamw_steps(reference: torch.nn.Module, model: torch.nn.Module, compiled, loss_of, batches,
+                grad_error=max_grad_error, lr: float = 1e-3) -> list[tuple[float, float]]:
+    """Train ``reference`` and ``model`` (called through ``compiled``) side by side with
+    AdamW (:data:`ADAM_EPS`), one step per item of ``batches`` (``loss_of(module, batch)``
+    gives that step's loss). Returns, per step, ``(grad_error(model, reference),
+    parameter_distance after the step)``; after each step the parameters are aligned
+    (:func:`align_parameters`)."""
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=lr, eps=ADAM_EPS)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=ADAM_EPS)
+    steps = []
+    for batch in batches:
+        for m, o in ((reference, opt_ref), (compiled, opt)):
+            o.zero_grad()
+            loss_of(m, batch).backward()
+        grads = grad_error(model, reference)
+        opt_ref.step()
+        opt.step()
+        steps.append((grads, parameter_distance(reference, model)))
+        align_parameters(model, reference)
+    return steps
+
+
+def saved_growth(compiled, model: torch.nn.Module, call, batches) -> float:
+    """How the bytes kept for backward by ``call(compiled, batch)`` grow from the first of
+    ``batches`` (length S) to the second (2S): this rank's, the parameters not counted."""
+    from autosp.planning.memory import SavedTensors
+    saved = []
+    for batch in batches:
+        with SavedTensors(list(model.parameters())) as kept:
+            out = call(compiled, batch)
+        saved.append(kept.bytes)
+        del out
+    return saved[1] / saved[0]
