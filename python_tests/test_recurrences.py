@@ -19,13 +19,15 @@ Checked:
   MoE) against single-device eager: in float64 with the reference recurrence as the
   kernel (logits to 1e-10; the loss, which transformers computes in float32, to 1e-6),
   and in float32 with transformers' own kernel (loss, gathered logits, every gradient
-  <= 1e-5; 3 AdamW steps), at P = 2 (S = 15) and P = 4 (S = 19). Eager float32's own
+  <= 1e-5; 3 AdamW steps), at P = 2 (S = 15) and P = 4 (S = 19), and once at an S both
+  divide (16, 20). Eager float32's own
   gradients of the decay parameters (A_log, dt_bias) are up to 3e-2 from the float64
   truth (the kernel's chunked float32 form); there the test asks the sharded run to be as
   accurate as one device: at most twice eager's distance from the truth;
 - a tiny Granite-4 hybrid (a Mamba2 layer with its causal conv, an attention layer, MoE
   and a shared MLP) against single-device eager in float32 with transformers' own SSD
-  scan (every gradient <= 1e-5; 3 AdamW steps) at P = 2 and 4; bytes kept for backward
+  scan (every gradient <= 1e-5; 3 AdamW steps) at P = 2 and 4 (S = 15, 19, and 16, 20 that
+  P divides); bytes kept for backward
   per rank at P = 2 at most 0.65 x one device's, growing at most 2.3x from S to 2S.
 """
 import copy
@@ -254,9 +256,25 @@ def _run_case(seq, seed, exact):
         modeling_qwen3_next.torch_chunk_gated_delta_rule = KERNEL
 
 
+def _divisible_case(make, world, seed) -> dict:
+    """Parity (outputs and gradients, one call) at an S that P divides (16 at P = 2, 20 at 4)."""
+    import autosp
+    from autosp.testing.parity import parity
+    torch.manual_seed(seed)
+    model = make()
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    ids = torch.randint(0, VOCAB, (2, 16 if world == 2 else 20), generator=torch.Generator().manual_seed(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = parity(reference, compiled, input_ids=ids, labels=ids)
+    return {"outputs": report.outputs, "grads": report.grads}
+
+
 def _model_body(rank, world, queue, seed):
     seq = 15 if world == 2 else 19
-    queue.put((rank, {"exact": _run_case(seq, seed, True), "fp32": _run_case(seq, seed + 1, False)}))
+    queue.put((rank, {"exact": _run_case(seq, seed, True), "fp32": _run_case(seq, seed + 1, False),
+                      "divisible": _divisible_case(lambda: _model(False), world, seed + 2)}))
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -274,6 +292,9 @@ def test_qwen3_next_matches_single_device(world, _fresh_seed):
             assert not bad, where
             assert set(n.split(".")[-1] for n in by_truth) <= {"A_log", "dt_bias"}, where
         assert all(params <= TOL for params in fp32["steps"]), where
+        div = out["divisible"]  # (the decay parameters' gradients are eager's own float32 noise: see _judge)
+        assert max(div["outputs"].values()) <= TOL, (rank, div)
+        assert max(e for n, e in div["grads"].items() if not n.endswith(("A_log", "dt_bias"))) <= TOL, (rank, div)
         for r in (exact, fp32):
             # P = 2: the heads (2 key, 4 value) divide, so each rank runs its heads over the whole
             # sequence (all-to-alls, no chain); P = 4: 2 key heads do not, the state is chained
@@ -320,6 +341,7 @@ def _granite_body(rank, world, queue, seed):
                 saved[(key, s)] = kept.bytes
                 del out
     result["saved"] = saved
+    result["divisible"] = _divisible_case(_granite, world, seed + 1)
     queue.put((rank, result))
 
 
@@ -334,6 +356,8 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
         assert r["chained"] == 1 and r["halos"] == 1, where  # the SSD scan chained, its conv with a halo
         saved = r["saved"]
         assert saved[("sp", 128)] / saved[("sp", 64)] <= 2.3, where
+        div = r["divisible"]
+        assert max(div["outputs"].values()) <= TOL and max(div["grads"].values()) <= TOL, (rank, div)
         if world == 2:
             assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where
 
