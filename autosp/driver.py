@@ -238,9 +238,9 @@ def _check_traceable(gm, backend) -> None:
     and the image merge run only in the eager program."""
     from autosp.hf import recurrences
     from autosp.runtime import collectives
-    untraceable = {recurrences.gated_delta_rule: "a Gated DeltaNet recurrence",
-                   recurrences.mamba2_chunk_scan: "a Mamba2 scan", collectives.halo: "a causal convolution's halo",
-                   collectives.masked_scatter: "an image-feature merge (masked_scatter)"}
+    untraceable = {fn: f"the recurrence {name.removeprefix('torch.autosp.')}" for name, fn in recurrences.RUNTIME.items()}
+    untraceable.update({collectives.halo: "a causal convolution's halo",
+                        collectives.masked_scatter: "an image-feature merge (masked_scatter)"})
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in untraceable:
             raise AutospError(f"backend={backend!r}: the program runs {untraceable[node.target]} through autosp's "

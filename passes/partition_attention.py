@@ -344,7 +344,7 @@ def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, 
     boundary, and takes one part's time instead of P. Returns how many were rewritten."""
     count = 0
     for op in [o for o in body_ops(main_func(module)) if op_name(o) == "torch.operator"
-               and ops.operator_name(o) == "torch.autosp.gated_delta_rule"]:
+               and ops.operator_name(o) == ops.GATED_DELTA_RULE]:
         if seq_len is None or not gated_delta_rule_heads(op, sp_size) or \
                 any(info.seq_dims(v) != [1] for v in op.operands[:5]):
             continue

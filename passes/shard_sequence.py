@@ -471,7 +471,9 @@ class _Propagation:
     def check_sequence_sums(self, op, tensor_operands: list, decision: Decision) -> None:
         """A sum over the sequence may feed replicated work (a global loss), not sharded
         values: there each rank's gradient of the sum would hold only its own positions'
-        share, while its all-reduce's local backward needs the full one."""
+        share, while its all-reduce's local backward needs the full one. A value every rank
+        computes whole from the parameters that joins it (``loss * scale``) gets its
+        gradient's share (:meth:`redundant`, ``autosp.grad_share``)."""
         sums = [self.from_sequence_sums[v] for v in tensor_operands if v in self.from_sequence_sums]
         if not sums:
             return

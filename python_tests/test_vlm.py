@@ -124,3 +124,88 @@ def test_llava_matches_single_device(world, _fresh_seed):
         assert "runtime check failed" in r["mismatch"], where
         if world == 2:
             assert out["control"]["outputs"]["['logits']"] > 1e-3, out["control"]
+
+
+def _merge_body(rank, world, queue, seed):
+    from autosp.runtime import collectives
+    gen = torch.Generator().manual_seed(seed)
+    seq, hidden = 13, 6
+    tokens = torch.rand(2, seq, 1, generator=gen) < 0.4  # broadcast over the features: blocks of 6
+    cases = {"tokens": tokens, "elements": torch.rand(2, seq, hidden, generator=gen) < 0.4}  # any mask
+    out = {}
+    for name, mask in cases.items():
+        x = torch.randn(2, seq, hidden, dtype=torch.float64, generator=gen)
+        source = torch.randn(int(mask.expand(2, seq, hidden).sum()) + 5, dtype=torch.float64, generator=gen,
+                             requires_grad=True)
+        ref = x.masked_scatter(mask, source)
+        w = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+        (grad_ref,) = torch.autograd.grad((ref * w).sum(), source)
+        a, b = collectives.span(seq, 0, 0, world, rank)
+        mine = collectives.masked_scatter(x[:, a:b], mask[:, a:b], source, seq, 1, 0, 0, "sp")
+        (grad,) = torch.autograd.grad((mine * w[:, a:b]).sum(), source)
+        out[name] = (float((mine - ref[:, a:b]).abs().max()), grad, grad_ref)
+    queue.put((rank, out))
+
+
+def test_merge_runtime_matches_masked_scatter(_fresh_seed):
+    """The runtime merge against masked_scatter on the whole sequence, for a mask broadcast
+    over the features (numbered per token) and for any mask (numbered per element): each
+    rank's part exact, and the ranks' source gradients summing to the whole one's."""
+    results = run_ranks(_merge_body, 2, args=(_fresh_seed % 10000,))
+    for name in ("tokens", "elements"):
+        assert all(results[r][name][0] == 0.0 for r in results), (name, results)
+        total = sum(results[r][name][1] for r in results)
+        assert torch.allclose(total, results[0][name][2], rtol=0, atol=1e-12), name
+        assert torch.count_nonzero(results[0][name][1] * results[1][name][1]) == 0, name  # disjoint rows
+
+
+class ScaledLoss(torch.nn.Module):
+    """A Llama-like LM whose loss is multiplied by a learned scale: a value every rank
+    computes whole from the parameters joins the loss (a sum over the ranks)."""
+
+    def __init__(self):
+        super().__init__()
+        from autosp.models import LlamaConfig, LlamaLike
+        self.lm = LlamaLike(LlamaConfig(vocab=VOCAB, hidden=32, layers=1, heads=4, kv_heads=2))
+        self.scale = torch.nn.Parameter(torch.tensor(1.3))
+
+    def forward(self, input_ids):
+        return {"loss": self.lm(input_ids, labels=input_ids)["loss"] * self.scale}
+
+
+def _scaled_body(rank, world, queue, seed, control):
+    import autosp
+    from autosp.runtime import collectives
+    from autosp.testing.parity import parity
+
+    class Whole(torch.autograd.Function):  # the control: no share (every rank's whole gradient)
+        @staticmethod
+        def forward(ctx, x, size):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+    original = collectives._GradShare
+    if control:
+        collectives._GradShare = Whole
+    try:
+        torch.manual_seed(seed)
+        model = ScaledLoss()
+        reference = copy.deepcopy(model)
+        ids = torch.randint(0, VOCAB, (2, 15), generator=torch.Generator().manual_seed(seed))
+        report = parity(reference, autosp.compile(model), ids)
+        queue.put((rank, (report.outputs, report.grads["scale"], report.max_grad_error)))
+    finally:
+        collectives._GradShare = original
+
+
+def test_a_whole_value_joining_the_loss_gets_its_share(_fresh_seed):
+    """``loss * scale``: every rank gets the scale's whole gradient (the loss), and the
+    parameter gradients are summed over the ranks; autosp.grad_share gives each 1/P. The
+    control without the share counts it twice at P = 2."""
+    results = run_ranks(_scaled_body, 2, args=(_fresh_seed % 10000, False))
+    for rank, (outputs, scale, worst) in results.items():
+        assert max(outputs.values()) <= TOL and worst <= TOL, (rank, outputs, scale, worst)
+    control = run_ranks(_scaled_body, 2, args=(_fresh_seed % 10000, True))
+    assert all(abs(scale - 1.0) < 1e-3 for _, scale, _ in control.values()), control  # 2x: relative error 1

@@ -279,10 +279,10 @@ class _Emitter:
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
             return
-        if name in recurrences.OP_NAMES:  # a stated recurrence: chained over the group when sharded
+        if name in recurrences.RUNTIME:  # a stated recurrence: chained over the group when sharded
             group = _attr_value(op.attributes[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in op.attributes else None
-            fn = recurrences.gated_delta_rule if name == recurrences.GATED_DELTA_RULE else recurrences.mamba2_chunk_scan
-            self._bind_results(op, self.graph.call_function(fn, tuple(operands), {"group": group}))
+            self._bind_results(op, self.graph.call_function(recurrences.RUNTIME[name], tuple(operands),
+                                                            {"group": group}))
             return
         target = resolve_torch_op(name)
         if target is None:

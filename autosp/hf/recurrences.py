@@ -42,9 +42,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"  # as they import (torch.operator)
-MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
-OP_NAMES = (GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN)
+from autosp.ir.ops import GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN  # as they import (torch.operator)
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -248,3 +246,7 @@ def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool,
         return fn(x, dt, A, B, C, chunk, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max))
     shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
     return _chain(run, [x, dt, B, C, A, D, dt_bias], shape, group, whole)
+
+
+RUNTIME = {GATED_DELTA_RULE: gated_delta_rule, MAMBA2_CHUNK_SCAN: mamba2_chunk_scan}
+"""Each stated op's function in the emitted program."""

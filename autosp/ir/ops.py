@@ -87,7 +87,9 @@ SCATTER_SUM_OPS = ("torch.aten.scatter_add",)
 # Row-wise over the leading dim of their tensor inputs (autosp.hf.experts: MoE experts).
 TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
 # Ops with stated semantics that are linear recurrences along dim 1 (autosp.hf.recurrences).
-RECURRENCE_OPERATORS = ("torch.autosp.gated_delta_rule", "torch.autosp.mamba2_chunk_scan")
+GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"
+MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
+RECURRENCE_OPERATORS = (GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN)
 # Ops whose operand 1 is a list of sizes of the result.
 SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                  "torch.aten._unsafe_view")

@@ -46,6 +46,7 @@ This module is the bottom of the dependency graph: it imports nothing else of au
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -528,22 +529,29 @@ def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor, se
     are this rank's part (the window ``[lo, seq_len - trim)`` along ``dim``) and ``source``
     is whole (a vision tower's features, merged at the image tokens). masked_scatter takes
     source elements in the order of the whole mask's true elements, so the rank gathers
-    the mask (one byte per element), numbers its true elements in that order, and fills
-    its own with those source elements. Too few source elements is an error, as on one
-    device. The source's gradient is this rank's rows (summed over ranks with the
-    parameters', as for every replicated value)."""
+    the mask (one byte per element of it), numbers its true elements in that order, and
+    fills its own with those source elements. A mask broadcast over trailing dims
+    (``[B, S, 1]`` for ``[B, S, H]``) is gathered and numbered as it is, each true element
+    standing for a block of H source elements: O(S) bytes, not O(S * H). Too few source
+    elements is an error, as on one device. The source's gradient is this rank's rows
+    (summed over ranks with the parameters', as for every replicated value)."""
     if group_size(group) == 1:
         return x.masked_scatter(mask, source)
     dim %= x.dim()
-    full_mask = mask.expand_as(x)
-    whole = all_gather(full_mask.to(torch.uint8), dim, group, seq_len=seq_len, lo=lo, trim=trim)
-    places = _scatter_places(whole, full_mask.bool(), dim, lo, spans(seq_len, lo, trim, layout(group),
-                                                                     group_rank(group)))
     flat = source.flatten()
-    if places.numel() and int(places.max()) >= flat.numel():
+    k = x.dim()  # mask dims k.. are broadcast (size 1): each true element covers a block
+    while k > dim + 1 and mask.dim() == x.dim() and mask.shape[k - 1] == 1:
+        k -= 1
+    block = math.prod(x.shape[k:])
+    if mask.dim() != x.dim() or tuple(mask.shape[:k]) != tuple(x.shape[:k]) or flat.numel() % block:
+        mask, block = mask.expand_as(x), 1
+    whole = all_gather(mask.to(torch.uint8), dim, group, seq_len=seq_len, lo=lo, trim=trim)
+    places = _scatter_places(whole, mask.bool(), dim, lo, spans(seq_len, lo, trim, layout(group), group_rank(group)))
+    rows = flat.view(-1, block)
+    if places.numel() and int(places.max()) >= rows.shape[0]:
         raise RuntimeError(f"autosp.masked_scatter: the mask has more true elements than the source has elements "
                            f"({flat.numel()})")
-    return x.masked_scatter(full_mask, flat.index_select(0, places))
+    return x.masked_scatter(mask.expand_as(x), rows.index_select(0, places).flatten())
 
 
 def _halo_sources(held: list, start: int, width: int) -> list:
