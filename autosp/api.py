@@ -122,19 +122,23 @@ class AutospModule(torch.nn.Module):
                  memory_plan: MemoryPlan | None = None, memory_budget: int | str | None = None,
                  drop_logits: bool = False, optimizer: str = "adamw", sp_strategy: str = "auto",
                  ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None, check_inputs: bool = True):
+                 ranks_per_node: int | None = None, check_inputs: bool = True, sp_recurrence: str = "auto"):
         super().__init__()
         self.module = model
         from autosp.planning.strategy import STRATEGIES
         if sp_strategy not in STRATEGIES:
             raise AutospError(f"sp_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {sp_strategy!r}")
+        from autosp.planning.recurrence import METHODS
+        if sp_recurrence not in ("auto",) + METHODS:
+            raise AutospError(f"sp_recurrence must be one of {', '.join(map(repr, ('auto',) + METHODS))}, got "
+                              f"{sp_recurrence!r}")
         for what, d in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree),
                         ("ranks_per_node", ranks_per_node)):
             if d is not None and (not isinstance(d, int) or d < 1):
                 raise AutospError(f"{what} must be a positive int, got {d!r}")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
         self.mesh_request = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
-                                 ranks_per_node=ranks_per_node or local or None)
+                                 ranks_per_node=ranks_per_node or local or None, recurrence=sp_recurrence)
         self.layout: collectives.SeqLayout | None = None  # the compiled layout (see gather_sequence)
         self._mesh_groups: dict = {}
         self.memory_plan = memory_plan

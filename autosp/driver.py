@@ -87,10 +87,11 @@ class Transformed:
 
 
 def mesh_options(strategy: str = "ulysses", ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None, seq_len: int | None = None) -> str:
-    """The ``autosp-sp-pipeline`` options that choose the Ulysses x ring mesh."""
+                 ranks_per_node: int | None = None, seq_len: int | None = None, recurrence: str = "auto") -> str:
+    """The ``autosp-sp-pipeline`` options that choose the Ulysses x ring mesh (and how
+    linear recurrences run on it: ``recurrence``)."""
     return (f"strategy={strategy} ulysses-degree={ulysses_degree or 0} ring-degree={ring_degree or 0} "
-            f"ranks-per-node={ranks_per_node or 0} seq-len={seq_len or 0}")
+            f"ranks-per-node={ranks_per_node or 0} seq-len={seq_len or 0} recurrence={recurrence}")
 
 
 def seq_len_of(args, kwargs, seq_dim: int) -> int | None:

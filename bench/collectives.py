@@ -39,10 +39,13 @@ With ``--recurrences`` (issue 26) a Mamba2 hybrid (Granite-4) and a Gated DeltaN
 (Qwen3-Next), tiny configs, run one step, and the table gives per recurrent layer and
 rank the bytes handed to the conv halo's collectives (forward: the rank's last k - 1
 positions, B x C x (k - 1), to the all-gather; backward: the [P, B, C, k - 1] blocks to
-the all-reduce) and to the state sends (one state, B x H x d_k x d_v for Gated DeltaNet
-or B x H x head_dim x d_state for Mamba2, forward to the next rank unless last, backward
-to the previous unless first), measured by :class:`autosp.runtime.collectives.observe`,
-against those formulas from the config.
+the all-reduce) and to the state exchange, for both sharded methods (``sp_recurrence``):
+the chain sends one state (B x H x d_k x d_v for Gated DeltaNet or B x H x head_dim x
+d_state for Mamba2) forward to the next rank unless last and its gradient backward to the
+previous unless first; the prefix hands its summary (that state plus the transition,
+B x H x d_k x d_k or B x H x d_state x d_state) to one all-gather forward and its incoming
+state's gradient (one state) to one all-gather backward. Measured by
+:class:`autosp.runtime.collectives.observe`, against those formulas from the config.
 """
 from __future__ import annotations
 
@@ -288,22 +291,29 @@ RECURRENT_MODELS = {  # name -> (config class, kwargs, recurrent layer kind)
 }
 
 
-def _recurrent_analytical(cfg: dict, batch: int, world: int, rank: int, elem: int = 4) -> dict:
-    """Bytes one rank hands per recurrent layer: halo (fwd, bwd) and state (fwd, bwd)."""
+def _recurrent_analytical(cfg: dict, batch: int, world: int, rank: int, method: str, elem: int = 4) -> dict:
+    """Bytes one rank hands per recurrent layer: halo (fwd, bwd) and state (fwd, bwd).
+    chain: one state to the next rank, its gradient to the previous one; prefix: the
+    summary (transition + state) to the all-gather, the incoming state's gradient back
+    (a ring all-gather then moves P - 1 such pieces per rank)."""
     if "mamba_n_heads" in cfg:
         channels = cfg["mamba_expand"] * cfg["hidden_size"] + 2 * cfg["mamba_n_groups"] * cfg["mamba_d_state"]
         kernel, state = cfg["mamba_d_conv"], cfg["mamba_n_heads"] * cfg["mamba_d_head"] * cfg["mamba_d_state"]
+        transition = cfg["mamba_n_heads"] * cfg["mamba_d_state"] ** 2
     else:
         channels = 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"] + \
             cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
         kernel = cfg["linear_conv_kernel_dim"]
         state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"]
+        transition = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] ** 2
     tail = batch * channels * (kernel - 1) * elem
     one = batch * state * elem
+    if method == "prefix":
+        return {"halo": (tail, world * tail), "state": (one + batch * transition * elem, one)}
     return {"halo": (tail, world * tail), "state": (one * (rank < world - 1), one * (rank > 0))}
 
 
-def _recurrent_body(rank, world, queue, name, seq):
+def _recurrent_body(rank, world, queue, name, seq, method):
     import warnings
 
     import transformers
@@ -318,7 +328,7 @@ def _recurrent_body(rank, world, queue, name, seq):
     ids = torch.randint(0, cfg["vocab_size"], (1, seq))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = autosp.compile(model)
+        compiled = autosp.compile(model, sp_recurrence=method)
         compiled(input_ids=ids, labels=ids).loss.backward()  # compile outside the count
         with collectives.observe() as seen:
             compiled(input_ids=ids, labels=ids).loss.backward()
@@ -328,22 +338,24 @@ def _recurrent_body(rank, world, queue, name, seq):
             sent[(rec.kind, rec.backward)] += rec.bytes
     layers = cfg["layer_types"].count(kind)
     measured = {k: (sent[(k, False)] / layers, sent[(k, True)] / layers) for k in ("halo", "state")}
-    queue.put((rank, (measured, _recurrent_analytical(cfg, 1, world, rank))))
+    queue.put((rank, (measured, _recurrent_analytical(cfg, 1, world, rank, method))))
 
 
 def recurrence_table(world: int, seq: int) -> list[str]:
-    """Rows: per model and rank, halo and state bytes per recurrent layer against the formulas."""
-    rows = ["| model | rank | halo B / layer fwd + bwd | analytical | state B / layer fwd + bwd | analytical |",
-            "|---|---|---|---|---|---|"]
+    """Rows: per model, method (chain, prefix) and rank, halo and state bytes per recurrent
+    layer against the formulas."""
+    rows = ["| model | method | rank | halo B / layer fwd + bwd | analytical | state B / layer fwd + bwd | analytical |",
+            "|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)
     for name in RECURRENT_MODELS:
-        res = run_ranks(_recurrent_body, world, args=(name, seq), timeout=900)
-        for rank in sorted(res):
-            measured, model = res[rank]
-            cells = [f"{measured[k][0]:.0f} + {measured[k][1]:.0f} | {model[k][0]:.0f} + {model[k][1]:.0f}"
-                     for k in ("halo", "state")]
-            rows.append(f"| {name} | {rank} | {cells[0]} | {cells[1]} |")
-            print(rows[-1], flush=True)
+        for method in ("chain", "prefix"):
+            res = run_ranks(_recurrent_body, world, args=(name, seq, method), timeout=900)
+            for rank in sorted(res):
+                measured, model = res[rank]
+                cells = [f"{measured[k][0]:.0f} + {measured[k][1]:.0f} | {model[k][0]:.0f} + {model[k][1]:.0f}"
+                         for k in ("halo", "state")]
+                rows.append(f"| {name} | {method} | {rank} | {cells[0]} | {cells[1]} |")
+                print(rows[-1], flush=True)
     return rows
 
 

@@ -5,6 +5,10 @@
 // RUN:   | FileCheck %s --check-prefix=HYB
 // RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=4 strategy=auto seq-len=1048576' \
 // RUN:   | FileCheck %s --check-prefix=AUTO
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=2 recurrence=heads' \
+// RUN:   | FileCheck %s --check-prefix=HEADS
+// RUN: autosp-opt %s --split-input-file --autosp-partition-attention='sp-size=4 recurrence=chain' \
+// RUN:   | FileCheck %s --check-prefix=CHAIN
 
 // q, k, v go from [B, H, S, D] to [B, H/P, S, D]; attention runs on H/P heads; the output
 // comes back: exactly 4 all-to-alls, nothing else crosses ranks.
@@ -213,21 +217,31 @@ func.func @attention_sinks(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "ar
 
 // -----
 
-// A Gated DeltaNet op (a stated recurrence along dim 1) whose heads divide over the ranks
-// (2 key, 4 value heads at sp-size 2) runs Ulysses-style: an all-to-all to heads for each
-// input, the op on this rank's heads over the whole sequence, an all-to-all back (no state
-// chain). At sp-size 4 the 2 key heads do not divide: left to autosp-shard-sequence's chain.
+// A Gated DeltaNet op (a stated recurrence along dim 1) runs one of three exact ways, priced
+// (autosp.planning.recurrence; recurrence= forces one). heads, where its heads divide over
+// the ranks (2 key, 4 value heads at sp-size 2): an all-to-all to heads for each input, the
+// op on this rank's heads over the whole sequence, an all-to-all back (no state passed).
+// Otherwise the op is left to autosp-shard-sequence with its method: at the priced length
+// (8192) the heads' all-to-alls cost more than the prefix's widened part (d_k = d_v = 8:
+// 1.75x the FLOPs), so auto takes the prefix at both sizes; at sp-size 4 the 2 key heads do
+// not divide and heads is not priced at all.
 // CHECK-LABEL: func.func @gated_delta_rule_heads
-// CHECK: %[[Q:.*]] = "autosp.all_to_all"(%arg1, %{{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 2 : i64} : {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
-// CHECK: %[[K:.*]] = "autosp.all_to_all"(%arg2, {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
-// CHECK: %[[V:.*]] = "autosp.all_to_all"(%arg3, {{.*}} -> !torch.vtensor<[2,?,2,8],f32>
-// CHECK: %[[G:.*]] = "autosp.all_to_all"(%arg4, {{.*}} -> !torch.vtensor<[2,?,2],f32>
-// CHECK: %[[B:.*]] = "autosp.all_to_all"(%arg5, {{.*}} -> !torch.vtensor<[2,?,2],f32>
-// CHECK: %[[O:.*]] = torch.operator "torch.autosp.gated_delta_rule"(%[[Q]], %[[K]], %[[V]], %[[G]], %[[B]],
-// CHECK: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]], %{{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 1 : i64} : {{.*}} -> !torch.vtensor<[2,?,4,8],f32>
-// CHECK: return %{{.*}}, %[[BACK]]
+// CHECK-NOT: "autosp.all_to_all"(%arg1
+// CHECK: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5, {{.*}} {autosp.scan_method = "prefix"}
+// HEADS-LABEL: func.func @gated_delta_rule_heads
+// HEADS: %[[Q:.*]] = "autosp.all_to_all"(%arg1, %{{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 2 : i64} : {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
+// HEADS: %[[K:.*]] = "autosp.all_to_all"(%arg2, {{.*}} -> !torch.vtensor<[2,?,1,8],f32>
+// HEADS: %[[V:.*]] = "autosp.all_to_all"(%arg3, {{.*}} -> !torch.vtensor<[2,?,2,8],f32>
+// HEADS: %[[G:.*]] = "autosp.all_to_all"(%arg4, {{.*}} -> !torch.vtensor<[2,?,2],f32>
+// HEADS: %[[B:.*]] = "autosp.all_to_all"(%arg5, {{.*}} -> !torch.vtensor<[2,?,2],f32>
+// HEADS: %[[O:.*]] = torch.operator "torch.autosp.gated_delta_rule"(%[[Q]], %[[K]], %[[V]], %[[G]], %[[B]],
+// HEADS-NOT: autosp.scan_method
+// HEADS: %[[BACK:.*]] = "autosp.all_to_all"(%[[O]], %{{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 1 : i64, split_dim = 1 : i64} : {{.*}} -> !torch.vtensor<[2,?,4,8],f32>
+// HEADS: return %{{.*}}, %[[BACK]]
 // P4-LABEL: func.func @gated_delta_rule_heads
-// P4: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5,
+// P4: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5, {{.*}} {autosp.scan_method = "prefix"}
+// CHAIN-LABEL: func.func @gated_delta_rule_heads
+// CHAIN: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5, {{.*}} {autosp.scan_method = "chain"}
 func.func @gated_delta_rule_heads(%x: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                                   %gq: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64},
                                   %gk: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 1 : i64},

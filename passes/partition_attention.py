@@ -27,6 +27,13 @@ key padding (causal or not: the [B, 1, 1, S] padding becomes the op's ``mask`` o
 ``key_padding = 1``, replicated, read by position); other masks, key padding whose fully
 masked rows follow eager attention's ``autosp.empty_rows`` rule, and hand-written attention
 keep ``auto`` on Ulysses and make a forced ring an error at the op.
+
+**Linear recurrences** (stated ops, :mod:`autosp.hf.recurrences`; ``recurrence=
+auto|heads|chain|prefix``), on a mesh without a ring: each is priced by
+:func:`autosp.planning.recurrence.choose_recurrence` (``auto``) or forced. ``heads``
+rewrites a Gated DeltaNet op here (all-to-alls to heads around it); ``chain`` and
+``prefix`` are left to ``autosp-shard-sequence`` with ``autosp.scan_method`` on the op.
+The reasons join ``autosp.sp_choice``.
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ from autosp.ir.contract import (
     EMPTY_ROWS_ATTR,
     KEY_PADDING_ATTR,
     RING_ATTENTION,
+    SCAN_METHOD_ATTR,
     SINK_HEADS_ATTR,
     SP_CHOICE_ATTR,
     SP_LAYOUT_ATTR,
@@ -65,6 +73,7 @@ from autosp.ir.core import (
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
+from autosp.planning.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence
 from autosp.planning.strategy import Candidate, Choice, StrategyError, choose
 
 
@@ -109,8 +118,12 @@ class PartitionAttention(ModulePass):
     ring_degree: int = 0
     ranks_per_node: int = 0
     seq_len: int = 0
+    recurrence: str = "auto"
 
     def apply(self, module) -> None:
+        if self.recurrence not in RECURRENCE_METHODS:
+            raise DiagnosticError.at(as_operation(module), f"recurrence must be one of {', '.join(RECURRENCE_METHODS)}"
+                                                           f", got {self.recurrence!r}")
         if self.sp_size < 1:
             raise DiagnosticError.at(as_operation(module), f"sp-size must be >= 1, got {self.sp_size}")
         if self.sp_size == 1:
@@ -122,7 +135,15 @@ class PartitionAttention(ModulePass):
             as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
         partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring)
         if choice.ring == 1:
-            partition_recurrences(module, info, self.sp_size, self.group, sequence_length_value(module, info))
+            why = partition_recurrences(module, info, self.sp_size, self.group, sequence_length_value(module, info),
+                                        self)
+            if why:
+                with module.context:
+                    as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(
+                        choice.reason + "; recurrences: " + "; ".join(why))
+
+
+RECURRENCE_METHODS = ("auto", "heads", "chain", "prefix")
 
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
@@ -335,42 +356,92 @@ def gated_delta_rule_heads(op, sp_size: int) -> bool:
     return ranks == [4, 4, 4, 3, 3] and all(h is not None and h % sp_size == 0 for h in heads)
 
 
-def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, seq_len) -> int:
-    """Gated DeltaNet ops whose heads divide over the ranks (:func:`gated_delta_rule_heads`)
-    run on ``sp_size`` ranks' heads over the whole sequence: an all-to-all to heads for each
-    input, the kernel as it is, an all-to-all back: parallel, where the state chain
-    (``autosp-shard-sequence``) runs the ranks one after another. Both are exact; this one
-    moves 2 (P - 1) / P of the inputs and output per layer instead of one state per rank
-    boundary, and takes one part's time instead of P. Returns how many were rewritten."""
-    count = 0
+def recurrence_shape(op) -> RecurrenceShape | None:
+    """The sizes :mod:`autosp.planning.recurrence` prices, read from a stated recurrence op
+    (static head counts and dims; None where one is not static)."""
+    name = ops.operator_name(op)
+    dims = [b.vtensor_shape(v.type) for v in op.operands[:3]]
+    if any(d is None or len(d[0]) != 4 for d in dims):
+        return None
+    (q, dtype), (k, _), (v, _) = dims  # type: ignore[misc]
+    elem = 2 if "bf16" in dtype or "f16" in dtype else 8 if "f64" in dtype else 4
+    if name == ops.GATED_DELTA_RULE:
+        sizes, chunk = (v[2], k[2], q[3], v[3]), const_int(op.operands[6])
+        kind = GATED_DELTA_NET
+    else:  # Mamba2: x [B, S, H, hd], dt, B [B, S, G, N]
+        groups = b.vtensor_shape(op.operands[2].type)
+        if groups is None or len(groups[0]) != 4:
+            return None
+        sizes, chunk = (q[2], groups[0][2], groups[0][3], q[3]), const_int(op.operands[7])
+        kind = MAMBA2
+    if any(x is None for x in sizes) or chunk is None:
+        return None
+    heads, k_heads, key_dim, value_dim = sizes
+    return RecurrenceShape(kind, heads, k_heads, key_dim, value_dim, chunk, elem)  # type: ignore[arg-type]
+
+
+def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, seq_len,
+                          options: PartitionAttention | None = None) -> list[str]:
+    """How each stated recurrence runs on ``sp_size`` ranks, priced
+    (:func:`autosp.planning.recurrence.choose_recurrence`; ``options.recurrence`` forces
+    one): **heads** rewrites a Gated DeltaNet op whose heads divide over the ranks
+    (:func:`gated_delta_rule_heads`) to run on each rank's heads over the whole sequence,
+    an all-to-all to heads for each input, the kernel as it is, an all-to-all back;
+    **chain** and **prefix** leave the op to ``autosp-shard-sequence``, with the method in
+    ``autosp.scan_method``. All three are exact. Returns the reasons, one per op."""
+    forced = options.recurrence if options is not None else "auto"
+    why = []
     for op in [o for o in body_ops(main_func(module)) if op_name(o) == "torch.operator"
-               and ops.operator_name(o) == ops.GATED_DELTA_RULE]:
-        if seq_len is None or not gated_delta_rule_heads(op, sp_size) or \
-                any(info.seq_dims(v) != [1] for v in op.operands[:5]):
+               and ops.operator_name(o) in ops.RECURRENCE_OPERATORS]:
+        heads_ok = ops.operator_name(op) == ops.GATED_DELTA_RULE and seq_len is not None and \
+            gated_delta_rule_heads(op, sp_size) and all(info.seq_dims(v) == [1] for v in op.operands[:5])
+        shape = recurrence_shape(op)
+        if forced != "auto":
+            if forced == "heads" and not heads_ok:
+                raise DiagnosticError.at(op, f"cannot run on each rank's heads (recurrence=heads): it needs a Gated "
+                                             f"DeltaNet op whose key and value heads are static and divide by "
+                                             f"{sp_size}")
+            method, reason = forced, f"{ops.operator_name(op)}: {forced} (requested)"
+        elif shape is None:
+            method, reason = ("heads" if heads_ok else "chain"), f"{ops.operator_name(op)}: sizes not static, " \
+                                                                   "not priced"
+        else:
+            choice = choose_recurrence(shape, sp_size, heads_ok=heads_ok,
+                                       seq_len=(options.seq_len if options is not None else 0) or 8192,
+                                       ranks_per_node=(options.ranks_per_node if options is not None else 0) or None)
+            method, reason = choice.method, choice.reason
+        why.append(reason)
+        if method != "heads":
+            with op.context:
+                op.attributes[SCAN_METHOD_ATTR] = ir.StringAttr.get(method)
             continue
-        with ir.InsertionPoint(op), op.location:
-            moved = []
-            for v in op.operands[:5]:
-                dims, dtype = b.vtensor_shape(v.type)  # type: ignore[misc]
-                h = dims[2]
-                assert h is not None  # gated_delta_rule_heads read it
-                local = [dims[0], None, h // sp_size] + list(dims[3:])
-                moved.append(b.autosp_op(ALL_TO_ALL, [v, seq_len], b.vtensor_type(local, dtype), split_dim=2,
-                                         concat_dim=1, seq_dim=1, group=group))
-            out_dims, out_dtype = b.vtensor_shape(op.results[0].type)  # type: ignore[misc]
-            out_heads = out_dims[2]
-            assert out_heads is not None  # the value's heads (static, as read above)
-            local_out = [out_dims[0], None, out_heads // sp_size, out_dims[3]]
-            attrs = {n: op.attributes[n] for n in op.attributes}
-            heads = ir.Operation.create("torch.operator", results=[b.vtensor_type(local_out, out_dtype)],
-                                        operands=moved + list(op.operands[5:]), attributes=attrs)
-        with ir.InsertionPoint.after(heads), op.location:
-            back = b.autosp_op(ALL_TO_ALL, [heads.result, seq_len], op.results[0].type, split_dim=1, concat_dim=2,
-                               seq_dim=1, group=group)
-        op.results[0].replace_all_uses_with(back)
-        op.erase()
-        count += 1
-    return count
+        _to_heads(op, sp_size, group, seq_len)
+    return why
+
+
+def _to_heads(op, sp_size: int, group: str, seq_len) -> None:
+    """The Gated DeltaNet op on this rank's heads over the whole sequence (see above)."""
+    with ir.InsertionPoint(op), op.location:
+        moved = []
+        for v in op.operands[:5]:
+            dims, dtype = b.vtensor_shape(v.type)  # type: ignore[misc]
+            h = dims[2]
+            assert h is not None  # gated_delta_rule_heads read it
+            local = [dims[0], None, h // sp_size] + list(dims[3:])
+            moved.append(b.autosp_op(ALL_TO_ALL, [v, seq_len], b.vtensor_type(local, dtype), split_dim=2,
+                                     concat_dim=1, seq_dim=1, group=group))
+        out_dims, out_dtype = b.vtensor_shape(op.results[0].type)  # type: ignore[misc]
+        out_heads = out_dims[2]
+        assert out_heads is not None  # the value's heads (static, as read above)
+        local_out = [out_dims[0], None, out_heads // sp_size, out_dims[3]]
+        attrs = {n: op.attributes[n] for n in op.attributes}
+        heads = ir.Operation.create("torch.operator", results=[b.vtensor_type(local_out, out_dtype)],
+                                    operands=moved + list(op.operands[5:]), attributes=attrs)
+    with ir.InsertionPoint.after(heads), op.location:
+        back = b.autosp_op(ALL_TO_ALL, [heads.result, seq_len], op.results[0].type, split_dim=1, concat_dim=2,
+                           seq_dim=1, group=group)
+    op.results[0].replace_all_uses_with(back)
+    op.erase()
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp", *, ulysses: int = 0,

@@ -56,6 +56,7 @@ class SequenceParallelPipeline(ModulePass):
     ring_degree: int = 0
     ranks_per_node: int = 0
     seq_len: int = 0
+    recurrence: str = "auto"
 
     def __post_init__(self) -> None:
         if self.sp_size < 1:
@@ -68,6 +69,7 @@ class SequenceParallelPipeline(ModulePass):
         return [FuseAttention(), CausalMask(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group, strategy=self.strategy,
                                    ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
-                                   ranks_per_node=self.ranks_per_node, seq_len=self.seq_len),
+                                   ranks_per_node=self.ranks_per_node, seq_len=self.seq_len,
+                                   recurrence=self.recurrence),
                 ShardSequence(group=self.group, gather_outputs=self.gather_outputs),
                 HoistShard(), DeadCodeElimination()]

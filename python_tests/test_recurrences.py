@@ -128,13 +128,49 @@ def test_mamba2_scan_in_parts_with_the_state_equals_the_whole_run(_fresh_seed):
             assert err <= 1e-5 if carry else err > 1e-3, (cuts, carry, err)
 
 
-def _chain_body(rank, world, queue, seed, control):
+def test_prefix_statement_holds_on_the_kernels(_fresh_seed):
+    """The prefix's statement (``recurrences.Stated``), on transformers' kernels (float32):
+    one run from the identity appended to the state gives the zero-state output, the
+    transition and the basis, so that, for a random incoming state S, ``correct`` equals
+    the kernel run from S and ``combine`` equals its final state. A wrong basis (dropped)
+    must fail."""
+    from autosp.hf import recurrences
+    gen = torch.Generator().manual_seed(_fresh_seed % 10000)
+    q, k, v, g, beta = _inputs(37, _fresh_seed % 10000)
+    gdn = recurrences._gdn_stated(KERNEL, 64, True, torch.float32)
+    seq = 37
+    x, B, C = (torch.randn(2, seq, *shape, generator=gen) for shape in ((4, 8), (1, 6), (1, 6)))
+    dt = torch.randn(2, seq, 4, generator=gen)
+    A, D, dt_bias = -torch.rand(4, generator=gen), torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    scan = modeling_granitemoehybrid.mamba2_chunk_scan
+    mamba = recurrences._mamba2_stated(scan, 8, True, (0.0, float("inf")), torch.float32)
+    cases = {
+        "gated_delta_rule": (gdn, [q, k, v, g, beta], torch.randn(2, 4, 16, 16, generator=gen),
+                             lambda S: KERNEL(q, k, v, g=g, beta=beta, initial_state=S, output_final_state=True,
+                                              use_qk_l2norm_in_kernel=True)),
+        "mamba2_chunk_scan": (mamba, [x, dt, B, C, A, D, dt_bias], torch.randn(2, 4, 8, 6, generator=gen),
+                              lambda S: scan(x, dt, A, B, C, 8, D=D, dt_bias=dt_bias, initial_states=S,
+                                             dt_softplus=True, return_final_states=True)),
+    }
+    for name, (stated, inputs, S, kernel) in cases.items():
+        out0, basis, T, s = stated.summarise(inputs)
+        want, final = kernel(S)
+        err = float((stated.correct(out0, basis, S) - want).abs().max() / want.abs().max())
+        state_err = float((stated.combine(T, S, s) - final).abs().max() / final.abs().max())
+        assert err <= 1e-5 and state_err <= 1e-5, (name, err, state_err)
+        dropped = float((stated.correct(out0, torch.zeros_like(basis), S) - want).abs().max() / want.abs().max())
+        assert dropped > 1e-3, (name, dropped)
+
+
+def _chain_body(rank, world, queue, seed, control, method="chain"):
     from autosp.hf import recurrences
     from autosp.runtime import collectives
     kernel = f"{__name__}:reference_recurrence"
-    original = recurrences._part
-    if control:  # drop the state: every rank starts from zeros
+    original, prefix = recurrences._part, recurrences._prefix
+    if control and method == "chain":  # drop the state: every rank starts from zeros
         recurrences._part = lambda run, inputs, state: original(run, inputs, torch.zeros_like(state))
+    elif control:  # drop the summaries: every rank's incoming state is zeros
+        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
     try:
         out = {}
         for seq in (15, 19, 6):
@@ -144,7 +180,7 @@ def _chain_body(rank, world, queue, seed, control):
             (ref * w).sum().backward()
             a, b = collectives.span(seq, 0, 0, world, rank)
             parts = [x.detach()[:, a:b].clone().requires_grad_() for x in inputs]
-            y = recurrences.gated_delta_rule(*parts, True, 64, kernel, group="sp")
+            y = recurrences.gated_delta_rule(*parts, True, 64, kernel, group="sp", method=method)
             (y * w[:, a:b]).sum().backward()
             scale = ref.abs().max()
             out[seq] = (float((y - ref[:, a:b]).abs().max() / scale),
@@ -152,19 +188,21 @@ def _chain_body(rank, world, queue, seed, control):
                             for p, x in zip(parts, inputs)))
         queue.put((rank, out))
     finally:
-        recurrences._part = original
+        recurrences._part, recurrences._prefix = original, prefix
 
 
+@pytest.mark.parametrize("method", ["chain", "prefix"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_chain_over_ranks_is_exact(world, _fresh_seed):
-    results = run_ranks(_chain_body, world, args=(_fresh_seed % 10000, False))
+def test_recurrence_over_ranks_is_exact(world, method, _fresh_seed):
+    results = run_ranks(_chain_body, world, args=(_fresh_seed % 10000, False, method))
     for rank, by_seq in results.items():
         for seq, (out, grad) in by_seq.items():
             assert out <= 1e-12 and grad <= 1e-12, (rank, seq, out, grad)
 
 
-def test_negative_control_chain_without_the_state_is_wrong(_fresh_seed):
-    results = run_ranks(_chain_body, 2, args=(_fresh_seed % 10000, True))
+@pytest.mark.parametrize("method", ["chain", "prefix"])
+def test_negative_control_recurrence_without_the_state_is_wrong(method, _fresh_seed):
+    results = run_ranks(_chain_body, 2, args=(_fresh_seed % 10000, True, method))
     assert results[1][15][0] > 1e-3, results  # rank 1 starts from zeros instead of rank 0's state
 
 
@@ -219,7 +257,7 @@ def _judge(model, reference, ids) -> tuple[dict, list]:
     return bad, by_truth
 
 
-def _run_case(seq, seed, exact):
+def _run_case(seq, seed, exact, method="auto"):
     import autosp
     from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
@@ -228,7 +266,7 @@ def _run_case(seq, seed, exact):
     if exact:  # both sides run the float64 reference recurrence as the layer's kernel
         modeling_qwen3_next.torch_chunk_gated_delta_rule = reference_recurrence
     try:
-        compiled = autosp.compile(model, gather_outputs=True)
+        compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=method)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
         with warnings.catch_warnings():
@@ -236,7 +274,8 @@ def _run_case(seq, seed, exact):
             report = parity(reference, compiled, input_ids=ids, labels=ids)
         ir = compiled.programs[0].mlir["transformed"]
         result = {"outputs": report.outputs, "grads": report.max_grad_error, "chained": ir.count("autosp.scan_group"),
-                  "halos": ir.count('"autosp.halo"'), "heads_a2a": ir.count('"autosp.all_to_all"') - 4}
+                  "halos": ir.count('"autosp.halo"'), "heads_a2a": ir.count('"autosp.all_to_all"') - 4,
+                  "method": _methods(ir), "asked": method}
         if exact:
             return result
         result["judged"] = [_judge(model, reference, ids)]
@@ -256,14 +295,20 @@ def _run_case(seq, seed, exact):
         modeling_qwen3_next.torch_chunk_gated_delta_rule = KERNEL
 
 
-def _divisible_case(make, world, seed) -> dict:
+def _methods(ir: str) -> list[str]:
+    """The ``autosp.scan_method`` of each recurrence left to shard-sequence, in order."""
+    import re
+    return re.findall(r'autosp.scan_method = "(\w+)"', ir)
+
+
+def _divisible_case(make, world, seed, method="auto") -> dict:
     """Parity (outputs and gradients, one call) at an S that P divides (16 at P = 2, 20 at 4)."""
     import autosp
     from autosp.testing.parity import parity
     torch.manual_seed(seed)
     model = make()
     reference = copy.deepcopy(model)
-    compiled = autosp.compile(model, gather_outputs=True)
+    compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=method)
     ids = torch.randint(0, VOCAB, (2, 16 if world == 2 else 20), generator=torch.Generator().manual_seed(seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -273,7 +318,9 @@ def _divisible_case(make, world, seed) -> dict:
 
 def _model_body(rank, world, queue, seed):
     seq = 15 if world == 2 else 19
-    queue.put((rank, {"exact": _run_case(seq, seed, True), "fp32": _run_case(seq, seed + 1, False),
+    # the three ways, each forced once: P = 2 heads (float64) and prefix, P = 4 chain (float64) and prefix
+    queue.put((rank, {"exact": _run_case(seq, seed, True, "heads" if world == 2 else "chain"),
+                      "fp32": _run_case(seq, seed + 1, False, "prefix"),
                       "divisible": _divisible_case(lambda: _model(False), world, seed + 2)}))
 
 
@@ -296,10 +343,11 @@ def test_qwen3_next_matches_single_device(world, _fresh_seed):
         assert max(div["outputs"].values()) <= TOL, (rank, div)
         assert max(e for n, e in div["grads"].items() if not n.endswith(("A_log", "dt_bias"))) <= TOL, (rank, div)
         for r in (exact, fp32):
-            # P = 2: the heads (2 key, 4 value) divide, so each rank runs its heads over the whole
-            # sequence (all-to-alls, no chain); P = 4: 2 key heads do not, the state is chained
-            assert r["chained"] == (1 if world == 4 else 0) and r["halos"] == 1, r
-            assert r["heads_a2a"] == (0 if world == 4 else 6), r  # the recurrence chained, its conv with a halo
+            # heads: each rank its heads over the whole sequence (all-to-alls around the op, no
+            # state passed); chain or prefix: the op sharded along the sequence, that method
+            heads = r["asked"] == "heads"
+            assert r["chained"] == (0 if heads else 1) and r["halos"] == 1, r
+            assert r["heads_a2a"] == (6 if heads else 0) and r["method"] == ([] if heads else [r["asked"]]), r
 
 
 def _granite():
@@ -313,7 +361,7 @@ def _granite():
     return transformers.GraniteMoeHybridForCausalLM(cfg).float()
 
 
-def _granite_body(rank, world, queue, seed):
+def _granite_body(rank, world, queue, seed, method="prefix"):
     import autosp
     from autosp.planning.memory import SavedTensors
     from autosp.testing.parity import adamw_steps, parity
@@ -321,7 +369,7 @@ def _granite_body(rank, world, queue, seed):
     torch.manual_seed(seed)
     model = _granite()
     reference = copy.deepcopy(model)
-    compiled = autosp.compile(model, gather_outputs=True)
+    compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=method)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
     with warnings.catch_warnings():
@@ -329,7 +377,7 @@ def _granite_body(rank, world, queue, seed):
         report = parity(reference, compiled, input_ids=ids, labels=ids)
         ir = compiled.programs[0].mlir["transformed"]
         result = {"outputs": report.outputs, "grads": report.max_grad_error, "chained": ir.count("autosp.scan_group"),
-                  "halos": ir.count('"autosp.halo"')}
+                  "halos": ir.count('"autosp.halo"'), "method": _methods(ir)}
         result["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(input_ids=x, labels=x).loss,
                                       [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
         saved = {}
@@ -341,7 +389,7 @@ def _granite_body(rank, world, queue, seed):
                 saved[(key, s)] = kept.bytes
                 del out
     result["saved"] = saved
-    result["divisible"] = _divisible_case(_granite, world, seed + 1)
+    result["divisible"] = _divisible_case(_granite, world, seed + 1, "chain")
     queue.put((rank, result))
 
 
@@ -353,7 +401,8 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
         assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
         for grads, params in r["steps"]:
             assert grads <= TOL and params <= TOL, where
-        assert r["chained"] == 1 and r["halos"] == 1, where  # the SSD scan chained, its conv with a halo
+        assert r["chained"] == 1 and r["halos"] == 1, where  # the SSD scan sharded, its conv with a halo
+        assert r["method"] == ["prefix"], where
         saved = r["saved"]
         assert saved[("sp", 128)] / saved[("sp", 64)] <= 2.3, where
         div = r["divisible"]
@@ -362,11 +411,11 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
             assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where
 
 
-def _bytes_body(rank, world, queue, seed):
+def _bytes_body(rank, world, queue, seed, method):
     import autosp
     from autosp.runtime import collectives
     torch.manual_seed(seed)
-    compiled = autosp.compile(_granite())
+    compiled = autosp.compile(_granite(), sp_recurrence=method)
     ids = torch.randint(0, VOCAB, (2, 32))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -380,16 +429,26 @@ def _bytes_body(rank, world, queue, seed):
     queue.put((rank, sent))
 
 
-def test_halo_and_state_bytes_are_the_analytical_figure(_fresh_seed):
+@pytest.mark.parametrize("method", ["chain", "prefix"])
+def test_halo_and_state_bytes_are_the_analytical_figure(method, _fresh_seed):
     """One step of the Granite-4 model at P = 2: what each rank hands to the halo's
-    collectives and to the state sends, against the formulas (bench/collectives.py
-    --recurrences reports the same for larger models)."""
-    results = run_ranks(_bytes_body, 2, args=(_fresh_seed % 10000,))
+    collectives and to the state exchange, against the formulas (bench/collectives.py
+    --recurrences reports the same for larger models). The chain sends one state forward
+    (rank 0) and its gradient back (rank 1); the prefix hands every rank's summary (the
+    state and the d_state x d_state transition) to one all-gather, and the incoming
+    state's gradient to one all-gather back."""
+    results = run_ranks(_bytes_body, 2, args=(_fresh_seed % 10000, method))
     channels, kernel = 2 * 64 + 2 * 1 * 8, 4  # expand x hidden + 2 x groups x d_state; the conv kernel
     tail = 2 * channels * (kernel - 1) * 4  # batch 2, fp32
     state = 2 * 4 * 32 * 8 * 4  # B x heads x head_dim x d_state, fp32
-    assert results[0] == {("halo", False): tail, ("halo", True): 2 * tail, ("state", False): state}, results
-    assert results[1] == {("halo", False): tail, ("halo", True): 2 * tail, ("state", True): state}, results
+    transition = 2 * 4 * 8 * 8 * 4  # B x heads x d_state x d_state
+    halo = {("halo", False): tail, ("halo", True): 2 * tail}
+    if method == "chain":
+        assert results[0] == {**halo, ("state", False): state}, results
+        assert results[1] == {**halo, ("state", True): state}, results
+    else:
+        for rank in (0, 1):
+            assert results[rank] == {**halo, ("state", False): state + transition, ("state", True): state}, results
 
 
 def _batched(model):

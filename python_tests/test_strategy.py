@@ -88,3 +88,33 @@ def test_a_later_compilation_keeps_the_first_mesh():
         assert (mesh["strategy"], mesh["ulysses_degree"], mesh["ring_degree"]) == (strategy, layout.ulysses, layout.ring)
         chosen = choose(8, 4, 4, strategy=mesh["strategy"], ulysses=mesh["ulysses_degree"], ring=mesh["ring_degree"])
         assert (chosen.ulysses, chosen.ring) == (layout.ulysses, layout.ring)
+
+
+def test_recurrence_prices_follow_the_documented_model():
+    """autosp.planning.recurrence: the widening factors, the three prices as documented, and
+    the choices they make (prefix where P parts of a chain cost more than one widened
+    part, the chain at P = 2 where the widening is 2, heads only where allowed)."""
+    from autosp.planning.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence, widening
+    from autosp.planning.strategy import Hardware
+    gdn = RecurrenceShape(GATED_DELTA_NET, heads=32, k_heads=16, key_dim=128, value_dim=128, chunk=64, elem_bytes=2)
+    m2 = RecurrenceShape(MAMBA2, heads=128, k_heads=8, key_dim=128, value_dim=64, chunk=256, elem_bytes=2)
+    assert widening(gdn) == pytest.approx(1.75) and widening(m2) == pytest.approx(2.0)
+    hw = Hardware()
+    c = choose_recurrence(gdn, 4, heads_ok=True, seq_len=8192)
+    part = 8192 / 4 * gdn.flops() / hw.recurrence_flops
+    assert c.prices["chain"] == pytest.approx(16 * part + 2 * gdn.state_elems() * 4 / hw.intra_node_bw)
+    assert c.prices["prefix"] == pytest.approx(4 * 1.75 * part + 3 * (gdn.summary_elems() + gdn.state_elems()) * 4
+                                               / hw.intra_node_bw)
+    assert c.prices["heads"] == pytest.approx(3 * part + 4 * 3 / 4 * 2048 * gdn.io_elems() * 2 / hw.intra_node_bw)
+    assert c.method == "prefix" and "prefix" in c.reason and "heads" in c.reason
+    assert choose_recurrence(m2, 2, heads_ok=False).method == "chain"  # widening 2: no better than 2 parts
+    assert choose_recurrence(m2, 4, heads_ok=False).method == "prefix"
+    assert "heads" not in choose_recurrence(gdn, 4, heads_ok=False).prices
+    fast_links = Hardware(intra_node_bw=1e15)  # bytes free: the heads path is one part's compute
+    assert choose_recurrence(gdn, 4, heads_ok=True, hw=fast_links).method == "heads"
+
+
+def test_compile_rejects_unknown_recurrence_methods():
+    import autosp
+    with pytest.raises(autosp.AutospError, match="sp_recurrence must be one of"):
+        autosp.compile(torch.nn.Linear(2, 2), sp_size=1, sp_recurrence="scan")

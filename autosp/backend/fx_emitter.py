@@ -35,6 +35,7 @@ from autosp.ir.contract import (
     EMPTY_ROWS_ATTR,
     KEY_PADDING_ATTR,
     SCAN_GROUP_ATTR,
+    SCAN_METHOD_ATTR,
     SINK_HEADS_ATTR,
     WINDOW_ATTR,
 )
@@ -279,10 +280,12 @@ class _Emitter:
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
             return
-        if name in recurrences.RUNTIME:  # a stated recurrence: chained over the group when sharded
-            group = _attr_value(op.attributes[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in op.attributes else None
+        if name in recurrences.RUNTIME:  # a stated recurrence: a chain or a prefix over the group when sharded
+            attrs = op.attributes
+            group = _attr_value(attrs[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in attrs else None
+            method = _attr_value(attrs[SCAN_METHOD_ATTR]) if SCAN_METHOD_ATTR in attrs else "chain"
             self._bind_results(op, self.graph.call_function(recurrences.RUNTIME[name], tuple(operands),
-                                                            {"group": group}))
+                                                            {"group": group, "method": method}))
             return
         target = resolve_torch_op(name)
         if target is None:

@@ -20,16 +20,22 @@ positions 0 .. t, and running the kernel on positions a .. b from the state the
 positions 0 .. a left gives exactly the positions a .. b of the whole run (each kernel's
 own initial-state / final-state contract). The layout rules shard it along the sequence
 (``OpClass.RECURRENCE``), and the emitted program calls :func:`gated_delta_rule` /
-:func:`mamba2_chunk_scan`: on one rank the kernel itself; on P ranks each rank runs its
-part from the state the previous rank sends (the ranks in sequence order), and in
-backward the state's gradient travels back (:class:`_Chained`). The tests check each
-statement on random inputs: the kernel run in parts, state passed, equals the kernel run
-whole.
+:func:`mamba2_chunk_scan`: on one rank the kernel itself; on P ranks one of two methods
+(``autosp.scan_method``, priced by :mod:`autosp.planning.recurrence`):
 
-Cost, said plainly: the ranks run their parts one after another (a chain: P times one
-part's time per layer, each way), and pass one state per rank boundary each way. An
-associative prefix over the ranks' chunk summaries would let them run at once; it is not
-built yet. A call the statement does not cover (an initial state given, the final state
+- **chain** (:class:`_Chained`): each rank runs its part from the state the previous rank
+  sends (the ranks in sequence order); in backward the state's gradient travels back.
+  P times one part's time per layer, each way; one state per rank boundary.
+- **prefix** (:class:`_Prefixed`): each kernel is also linear in (initial state, values)
+  together, each value column on its own (:class:`Stated`). So every rank runs its part
+  at once from the identity appended to the state, which gives its output from zeros, its
+  transition and final state (its summary) and the basis that maps an incoming state to
+  its outputs; the ranks all-gather the summaries, compose those before them, and correct
+  their outputs. One (widened) part's time; P - 1 summaries in, one all-gather each way.
+
+The tests check each statement on random inputs: the kernel run in parts, state passed,
+equals the kernel run whole; and both methods on 2 and 4 ranks against an exact float64
+recurrence. A call the statement does not cover (an initial state given, the final state
 asked for: a cache) runs the kernel as exported.
 """
 from __future__ import annotations
@@ -203,21 +209,167 @@ def _part(run, inputs, state):
     return run(inputs, state)
 
 
+def _one_piece(group: str) -> None:
+    from autosp.runtime import collectives
+    lay = collectives.layout(group)
+    if lay.zigzag:
+        raise RuntimeError(f"autosp: a recurrence along the sequence needs each rank's positions in one piece; the "
+                           f"layout {lay.describe()} gives a rank two (zigzag): compile with sp_strategy='ulysses'")
+
+
 def _chain(run: Callable, inputs: list, state_shape, group: str | None, whole: Callable):
     """``whole()`` on one rank; else this rank's part of the chain over ``group``."""
     from autosp.runtime import collectives
     if group is None or collectives.group_size(group) == 1:
         return whole()
-    lay = collectives.layout(group)
-    if lay.zigzag:
-        raise RuntimeError(f"autosp: a recurrence along the sequence needs each rank's positions in one piece; the "
-                           f"layout {lay.describe()} gives a rank two (zigzag): compile with sp_strategy='ulysses'")
+    _one_piece(group)
     p = collectives.group_size(group)  # without zigzag the ranks hold the sequence in rank order
     dtype = torch.promote_types(inputs[0].dtype, torch.float32)  # transformers' kernels keep the state in fp32
     return _Chained.apply(run, tuple(state_shape), dtype, group, list(range(p)), collectives.group_rank(group), *inputs)
 
 
-def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str, *, group: str | None = None):
+# ----------------------------------------------------------------------------- the prefix
+class Stated:
+    """How a stated recurrence runs from an *identity* state: the kernel is linear in
+    (initial state, value input) jointly, and each value column evolves on its own under
+    one linear map of the state (Gated DeltaNet: the state's ``d_v`` columns under
+    ``S -> M S``; Mamba2: the state's ``head_dim`` rows under ``h -> h M``). So one run with
+    the identity appended to the state (and zeros appended to the values) gives, besides
+    the zero-state output, the part's **transition** ``T`` (the identity's image) and, per
+    position, the **basis** through which an incoming state reaches the output.
+
+    ``summarise(inputs) -> (out0, basis, T, s)``: the part from a zero state (output,
+    final state ``s``), the basis and ``T``; ``combine(T, S, s)``: the state after the
+    part from ``S``; ``correct(out0, basis, S)``: the output from ``S``."""
+
+    def __init__(self, summarise, combine, correct, out_dtype):
+        self.summarise, self.combine, self.correct, self.out_dtype = summarise, combine, correct, out_dtype
+
+
+def _gdn_stated(fn, chunk: int, l2norm: bool, out_dtype) -> Stated:
+    def summarise(inputs):
+        q, k, v, gate, b = inputs
+        bsz, seq, heads, dv = v.shape
+        dk, wide = q.shape[-1], torch.promote_types(v.dtype, torch.float32)
+        start = torch.eye(dk, dk + dv, dtype=wide, device=v.device).expand(bsz, heads, dk, dk + dv)  # [I | 0]
+        if seq == 0:
+            out = v.new_zeros(bsz, 0, heads, dk + dv, dtype=wide)
+            final = start
+        else:  # (transformers' kernel computes in float32 whatever it is given: fed float32, its output stays)
+            values = torch.cat([v.new_zeros(bsz, seq, heads, dk, dtype=wide), v.to(wide)], -1)
+            out, final = fn(q.to(wide), k.to(wide), values, g=gate, beta=b, chunk_size=chunk, initial_state=start,
+                            output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+        return out[..., dk:], out[..., :dk], final[..., :dk], final[..., dk:]
+
+    return Stated(summarise, lambda T, S, s: T @ S + s,
+                  lambda out0, basis, S: out0 + torch.einsum("bshk,bhkv->bshv", basis, S), out_dtype)
+
+
+def _mamba2_stated(fn, chunk: int, dt_softplus: bool, dt_limit, out_dtype) -> Stated:
+    def summarise(inputs):
+        x, dt, B, C, A, D, dt_bias = inputs
+        bsz, seq, heads, hd = x.shape
+        n, wide = B.shape[-1], out_dtype
+        start = torch.cat([torch.zeros(hd, n, dtype=wide, device=x.device),
+                           torch.eye(n, dtype=wide, device=x.device)]).expand(bsz, heads, hd + n, n)  # [0; I]
+        if seq == 0:
+            out = x.new_zeros(bsz, 0, heads, hd + n, dtype=wide)
+            final = start
+        else:
+            rows = torch.cat([x.to(wide), x.new_zeros(bsz, seq, heads, n, dtype=wide)], -1)
+            out, final = fn(rows, dt, A, B, C, chunk, D=D, dt_bias=dt_bias, initial_states=start,
+                            dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True)
+        return out[..., :hd], out[..., hd:], final[:, :, hd:], final[:, :, :hd]
+
+    return Stated(summarise, lambda T, S, s: S @ T + s,
+                  lambda out0, basis, S: out0 + torch.einsum("bshm,bhdm->bshd", basis, S), out_dtype)
+
+
+def _prefix(combine, Ts: list, ss: list) -> list:
+    """The state each part starts from: zeros, then each part's summary applied in order."""
+    starts = [torch.zeros_like(ss[0])]
+    for T, s in zip(Ts[:-1], ss[:-1]):
+        starts.append(combine(T, starts[-1], s))
+    return starts
+
+
+def _gather(parts: list, group: str, backward: bool = False) -> list:
+    """Every rank's ``parts`` (same shapes on every rank), one all-gather: a list per rank."""
+    from autosp.runtime import collectives
+    flat = torch.cat([t.reshape(-1) for t in parts]).contiguous()
+    collectives.record("state", group, flat, backward=backward)
+    p = collectives.group_size(group)
+    if collectives.simulating():  # the memory model: the same tensors, no messages
+        every = [flat.clone() for _ in range(p)]
+    else:
+        every = [torch.empty_like(flat) for _ in range(p)]
+        dist.all_gather(every, flat, group=collectives.process_group(group))
+    sizes = [t.numel() for t in parts]
+    return [[piece.view(t.shape) for piece, t in zip(whole.split(sizes), parts)] for whole in every]
+
+
+class _Prefixed(torch.autograd.Function):
+    """This rank's part of a recurrence, all parts at once: each rank runs its part from the
+    identity (:class:`Stated`), the ranks all-gather their summaries ``(T, s)``, each
+    composes the ones before it into its incoming state and corrects its output. Backward
+    recomputes the part, all-gathers each rank's incoming-state gradient, and takes its
+    own summary's gradient through the (small, replicated) composition."""
+
+    @staticmethod
+    def forward(ctx, stated, group, rank, *inputs):
+        with torch.no_grad():
+            out0, basis, T, s = stated.summarise(inputs)
+            every = _gather([T, s], group)
+            Ts, ss = [e[0] for e in every], [e[1] for e in every]
+            out = stated.correct(out0, basis, _prefix(stated.combine, Ts, ss)[rank]).to(stated.out_dtype)
+        ctx.save_for_backward(torch.stack(Ts), torch.stack(ss), *[t if isinstance(t, torch.Tensor) else None
+                                                                for t in inputs])
+        ctx.args = (stated, group, rank)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        stated, group, rank = ctx.args
+        Ts, ss, *saved = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(t.is_floating_point()) if t is not None else None for t in saved]
+        with torch.enable_grad():
+            out0, basis, T, s = stated.summarise(inputs)
+            Tl = [t.detach().requires_grad_() for t in Ts.unbind(0)]
+            sl = [t.detach().requires_grad_() for t in ss.unbind(0)]
+            starts = _prefix(stated.combine, Tl, sl)
+            mine = starts[rank].detach().requires_grad_()
+            out = stated.correct(out0, basis, mine).to(stated.out_dtype)
+            (grad_mine,) = torch.autograd.grad(out, mine, grad_out, retain_graph=True)
+        grads_in = [g for (g,) in _gather([grad_mine], group, backward=True)]
+        with torch.enable_grad():
+            used = [(start, g) for start, g in zip(starts, grads_in) if start.requires_grad]
+            mine_T, mine_s = (torch.zeros_like(Tl[rank]), torch.zeros_like(sl[rank]))
+            if used:
+                found = torch.autograd.grad([u for u, _ in used], [Tl[rank], sl[rank]], [g for _, g in used],
+                                            allow_unused=True)
+                mine_T = found[0] if found[0] is not None else mine_T
+                mine_s = found[1] if found[1] is not None else mine_s
+            wrt = [t for t in inputs if t is not None and t.requires_grad]
+            grads = torch.autograd.grad((out, T, s), wrt, (grad_out, mine_T, mine_s), allow_unused=True)
+        by_id = dict(zip([id(t) for t in wrt], grads))
+        return (None, None, None, *[by_id.get(id(t)) if t is not None else None for t in inputs])
+
+
+def _sharded(method: str, run: Callable, stated: Callable, inputs: list, state_shape, group: str | None,
+             whole: Callable):
+    """``whole()`` on one rank; else this rank's part, as a chain or as a prefix over ``group``."""
+    if method == "prefix" and group is not None:
+        from autosp.runtime import collectives
+        if collectives.group_size(group) > 1:
+            _one_piece(group)
+            return _Prefixed.apply(stated(), group, collectives.group_rank(group), *inputs)
+    if method not in ("chain", "prefix"):
+        raise ValueError(f"autosp: a recurrence runs as 'chain' or 'prefix', not {method!r}")
+    return _chain(run, inputs, state_shape, group, whole)
+
+
+def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str, *, group: str | None = None,
+                     method: str = "chain"):
     """``autosp::gated_delta_rule`` in the emitted program (see the module docstring)."""
     fn = _kernel(kernel)
 
@@ -229,11 +381,12 @@ def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kerne
     def whole():
         return fn(query, key, value, g=g, beta=beta, chunk_size=chunk, use_qk_l2norm_in_kernel=l2norm)[0]
     shape = (query.shape[0], value.shape[2], query.shape[3], value.shape[3])
-    return _chain(run, [query, key, value, g, beta], shape, group, whole)
+    return _sharded(method, run, lambda: _gdn_stated(fn, chunk, l2norm, value.dtype), [query, key, value, g, beta],
+                    shape, group, whole)
 
 
 def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool, dt_min: float, dt_max: float,
-                      kernel: str, *, group: str | None = None):
+                      kernel: str, *, group: str | None = None, method: str = "chain"):
     """``autosp::mamba2_chunk_scan`` in the emitted program (see the module docstring)."""
     fn = _kernel(kernel)
 
@@ -245,7 +398,9 @@ def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool,
     def whole():
         return fn(x, dt, A, B, C, chunk, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max))
     shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
-    return _chain(run, [x, dt, B, C, A, D, dt_bias], shape, group, whole)
+    out_dtype = torch.promote_types(x.dtype, torch.float32)
+    return _sharded(method, run, lambda: _mamba2_stated(fn, chunk, dt_softplus, (dt_min, dt_max), out_dtype),
+                    [x, dt, B, C, A, D, dt_bias], shape, group, whole)
 
 
 RUNTIME = {GATED_DELTA_RULE: gated_delta_rule, MAMBA2_CHUNK_SCAN: mamba2_chunk_scan}

@@ -143,7 +143,10 @@ EMPTY_ROWS_ATTR = _attr("autosp.empty_rows", "sdpa", "string",
 SINK_HEADS_ATTR = _attr("autosp.sink_heads", "sdpa", "string",
                         "sink attention on this rank's heads: the group whose rank picks its chunk of the [H] sinks")
 SCAN_GROUP_ATTR = _attr("autosp.scan_group", "op", "string",
-                        "a recurrence along the sequence run as a chain over this group's ranks, in sequence order")
+                        "a recurrence along the sequence run over this group's ranks, each its part in sequence order")
+SCAN_METHOD_ATTR = _attr("autosp.scan_method", "op", "string",
+                         "how: 'chain' (each rank from the previous rank's state, one after another) or 'prefix' (all "
+                         "at once from the identity, summaries all-gathered and composed); absent: chain")
 UNFUSED_ATTR = _attr("autosp.unfused_attention", "softmax", "string",
                      "why softmax attention could not be fused into SDPA (its [S, S] scores stay)")
 

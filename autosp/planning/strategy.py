@@ -58,6 +58,7 @@ class Hardware:
     attention_flops: float = 400e12  # a fused attention kernel, bf16
     memory_bw: float = 3e12          # HBM, for the ring's merges
     hop_latency: float = 30e-6       # one ring step's fixed cost (launches, synchronisation)
+    recurrence_flops: float = 100e12  # a chunked linear-recurrence kernel (Gated DeltaNet, Mamba2), bf16
 
 
 class StrategyError(ValueError):

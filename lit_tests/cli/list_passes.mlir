@@ -24,6 +24,7 @@
 // CHECK-NEXT:     ring-degree (int, default 0)
 // CHECK-NEXT:     ranks-per-node (int, default 0)
 // CHECK-NEXT:     seq-len (int, default 0)
+// CHECK-NEXT:     recurrence (str, default auto)
 // CHECK-NEXT:   autosp-shard-sequence{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     group (str, default sp)
 // CHECK-NEXT:     gather-outputs (bool, default False)
@@ -36,6 +37,7 @@
 // CHECK-NEXT:     ring-degree (int, default 0)
 // CHECK-NEXT:     ranks-per-node (int, default 0)
 // CHECK-NEXT:     seq-len (int, default 0)
+// CHECK-NEXT:     recurrence (str, default auto)
 // CHECK-NEXT:   autosp-tile-loss{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     chunk (int, default 0)
 // CHECK-NEXT:     drop-logits (bool, default False)
