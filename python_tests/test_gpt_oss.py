@@ -54,7 +54,7 @@ def _kwargs(ids, pad: bool):
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def _run_case(strategy, seq, pad, seed, control=None):
+def _run_case(strategy, seq, pad, seed, control=None, full=True):
     import autosp
     from autosp.runtime import attention, ring
     from autosp.testing.parity import adamw_steps, parity, saved_growth
@@ -80,6 +80,8 @@ def _run_case(strategy, seq, pad, seed, control=None):
         result["sink_ops"] = ir.count('"torch.autosp.sink_attention"') + ir.count("1, 1, 1, 1, 0, 1>") \
             + ir.count("1, 1, 1, 1, 1, 1>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
+        if not full:  # (one call: parity of outputs and gradients)
+            return result
         def loss_of(m, kw):
             return m(**kw).loss
         result["steps"] = adamw_steps(reference, model, compiled, loss_of,
@@ -92,12 +94,14 @@ def _run_case(strategy, seq, pad, seed, control=None):
         ring._add_sinks, attention.heads_chunk = originals
 
 
-CASES = {2: [("ulysses", 15, True), ("ring", 16, False)], 4: [("ulysses", 19, False), ("hybrid", 19, True)]}
+# (strategy, S, padding, with 3 AdamW steps and the growth): S divisible by P and not, at both P
+CASES = {2: [("ulysses", 15, True, True), ("ring", 16, False, True)],
+         4: [("ulysses", 19, False, True), ("hybrid", 19, True, True), ("ulysses", 20, True, False)]}
 
 
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{st} S={s} pad={p}": _run_case(st, s, p, seed + i)
-                      for i, (st, s, p) in enumerate(CASES[world])}))
+    queue.put((rank, {f"{st} S={s} pad={p}": _run_case(st, s, p, seed + i, full=full)
+                      for i, (st, s, p, full) in enumerate(CASES[world])}))
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
@@ -107,11 +111,12 @@ def test_gpt_oss_matches_single_device(world, _fresh_seed):
         for case, r in by_case.items():
             where = f"rank {rank}, {case}, P={world}: {r}"
             assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
-            for grads, params in r["steps"]:
-                assert grads <= TOL and params <= TOL, where
             assert r["sink_ops"] == 2, where  # both layers ran as sink attention (Ulysses op or ring operand)
             assert r["kept"] == 0, where  # no S x S mask or scores kept: window, causal and padding proven
-            assert r["saved_growth"] <= 2.3, where
+            if "steps" in r:
+                for grads, params in r["steps"]:
+                    assert grads <= TOL and params <= TOL, where
+                assert r["saved_growth"] <= 2.3, where
 
 
 def _control_body(rank, world, queue, seed):

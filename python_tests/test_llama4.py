@@ -75,7 +75,7 @@ def test_emitter_maps_torch_mlir_dtype_numbers():
         assert _convert(str(dtype_arg.real_type), TORCH_DTYPE_TO_INT[dtype]) is dtype
 
 
-def _run_case(strategy, seq, seed, control=None):
+def _run_case(strategy, seq, seed, control=None, full=True):
     import autosp
     from autosp.runtime import attention
     from autosp.testing.parity import adamw_steps, parity, saved_growth
@@ -101,6 +101,8 @@ def _run_case(strategy, seq, seed, control=None):
         # chunked layers: SDPA within documents (Ulysses), or a ring op with the ids as its mask
         result["chunked"] = ir.count("autosp.documents}") + ir.count("1, 1, 1, 1, 1, 0>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
+        if not full:  # (one call: parity of outputs and gradients)
+            return result
         def loss_of(m, ids):
             return m(input_ids=ids, labels=ids).loss
         result["steps"] = adamw_steps(reference, model, compiled, loss_of,
@@ -112,11 +114,14 @@ def _run_case(strategy, seq, seed, control=None):
         attention.document_attention = original
 
 
-CASES = {2: [("ulysses", 15), ("ring", 16)], 4: [("ulysses", 19), ("hybrid", 19)]}
+# (strategy, S, with 3 AdamW steps and the growth S -> 2S -> 4S): S divisible by P and not, at both P
+CASES = {2: [("ulysses", 15, True), ("ring", 16, True)], 4: [("ulysses", 19, True), ("hybrid", 19, True),
+                                                             ("ulysses", 20, False)]}
 
 
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{st} S={s}": _run_case(st, s, seed + i) for i, (st, s) in enumerate(CASES[world])}))
+    queue.put((rank, {f"{st} S={s}": _run_case(st, s, seed + i, full=full)
+                      for i, (st, s, full) in enumerate(CASES[world])}))
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
@@ -126,11 +131,12 @@ def test_llama4_matches_single_device(world, _fresh_seed):
         for case, r in by_case.items():
             where = f"rank {rank}, {case}, P={world}: {r}"
             assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
-            for grads, params in r["steps"]:
-                assert grads <= TOL and params <= TOL, where
             assert r["chunked"] == 3, where  # the three chunked layers ran within documents
             assert r["kept"] == 0, where  # no S x S mask kept
-            assert r["saved_growth"] <= 2.3, where
+            if "steps" in r:
+                for grads, params in r["steps"]:
+                    assert grads <= TOL and params <= TOL, where
+                assert r["saved_growth"] <= 2.3, where
 
 
 def _control_body(rank, world, queue, seed):

@@ -13,7 +13,7 @@ run-time assertion (``sym_ite`` of a tensor check becomes ``_assert_async``).
 A tiny LLaVA (CLIP vision tower, Llama text model), two rows with one image each at
 different offsets, labels on the text only: loss, gathered logits, the returned vision
 states and every gradient against single-device eager, then 3 AdamW steps, at P = 2
-(S = 30) and P = 4 (S = 37). Negative controls: image features merged at each rank's
+(S = 30) and P = 4 (S = 37); one call at an S of the other kind (31, 40). Negative controls: image features merged at each rank's
 own places (the order restarted per rank) must break parity, and a prompt with one image
 token too few must fail at run time instead of training on a misaligned merge.
 """
@@ -70,7 +70,7 @@ def _grad_errors(model, reference):
     return max(out.values())
 
 
-def _run_case(seq, seed, control=None):
+def _run_case(seq, seed, control=None, full=True):
     import autosp
     from autosp.runtime import collectives
     from autosp.testing.parity import adamw_steps, parity
@@ -91,6 +91,8 @@ def _run_case(seq, seed, control=None):
                 return result
             ir = compiled.programs[0].mlir["transformed"]
             result["merges"] = ir.count('"autosp.masked_scatter"')
+            if not full:  # (one call: parity of outputs and gradients)
+                return result
             result["steps"] = adamw_steps(reference, model, compiled, lambda m, kw: m(**kw).loss,
                                           [_batch(seq, gen) for _ in range(3)], grad_error=_grad_errors)
             try:  # one image token too few: transformers' check, kept
@@ -105,7 +107,10 @@ def _run_case(seq, seed, control=None):
 
 
 def _body(rank, world, queue, seed):
-    out = {"case": _run_case(30 if world == 2 else 37, seed)}
+    # S = 30 at P = 2 and 37 at P = 4 with 3 AdamW steps; the other kind of S (31: P = 2 does
+    # not divide it, 40: P = 4 does) in one call
+    out = {"case": _run_case(30 if world == 2 else 37, seed), "other": _run_case(31 if world == 2 else 40, seed + 1,
+                                                                               full=False)}
     if world == 2:
         out["control"] = _run_case(30, seed, control="own_places")
     queue.put((rank, out))
@@ -122,6 +127,8 @@ def test_llava_matches_single_device(world, _fresh_seed):
             assert grads <= TOL and params <= TOL, where
         assert r["merges"] == 1, where
         assert "runtime check failed" in r["mismatch"], where
+        other = out["other"]
+        assert max(other["outputs"].values()) <= TOL and other["grads"] <= TOL and other["merges"] == 1, (rank, other)
         if world == 2:
             assert out["control"]["outputs"]["['logits']"] > 1e-3, out["control"]
 

@@ -7,6 +7,7 @@
 - :mod:`~autosp.planning.plan`: :class:`MemoryPlan`, the compiler's answer to a budget.
 - :mod:`~autosp.planning.planner`: the cheapest plan that fits ``memory_budget``.
 - :mod:`~autosp.planning.strategy`: the Ulysses x ring mesh, priced.
+- :mod:`~autosp.planning.recurrence`: heads, chain or prefix for a linear recurrence, priced.
 - :mod:`~autosp.planning.fake_cuda`: a step on CUDA's kernels without a GPU, and its checks.
 
 The package depends on :mod:`autosp.driver` (it compiles through it), never on

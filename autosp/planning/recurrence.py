@@ -91,8 +91,10 @@ class RecurrenceChoice:
 
 
 def price_recurrence(shape: RecurrenceShape, sp_size: int, *, heads_ok: bool, seq_len: int = 8192,
-                     ranks_per_node: int | None = None, hw: Hardware = Hardware()) -> dict:
-    """Seconds per layer and rank (one sequence of ``seq_len``) of each feasible method."""
+                     ranks_per_node: int | None = None, hw: Hardware | None = None) -> dict:
+    """Seconds per layer and rank (one sequence of ``seq_len``) of each feasible method
+    (``hw``: :class:`~autosp.planning.strategy.Hardware`'s defaults when None)."""
+    hw = hw or Hardware()
     p = sp_size
     bw = hw.intra_node_bw if p <= (ranks_per_node or p) else hw.inter_node_bw
     part = seq_len / p * shape.flops() / hw.recurrence_flops
@@ -105,7 +107,7 @@ def price_recurrence(shape: RecurrenceShape, sp_size: int, *, heads_ok: bool, se
 
 
 def choose_recurrence(shape: RecurrenceShape, sp_size: int, *, heads_ok: bool, seq_len: int = 8192,
-                      ranks_per_node: int | None = None, hw: Hardware = Hardware()) -> RecurrenceChoice:
+                      ranks_per_node: int | None = None, hw: Hardware | None = None) -> RecurrenceChoice:
     """The cheapest of :func:`price_recurrence`'s methods (ties go heads, then prefix)."""
     prices = price_recurrence(shape, sp_size, heads_ok=heads_ok, seq_len=seq_len, ranks_per_node=ranks_per_node,
                               hw=hw)

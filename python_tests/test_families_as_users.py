@@ -1,0 +1,99 @@
+"""The 2026 families (issue 26) as users call them, not only as the parity tests do.
+
+One job of 2 ranks holds two compiled hybrids at once: a Qwen3-Next (Gated DeltaNet, conv,
+attention, MoE) and a Granite-4 hybrid (Mamba2, conv, attention, MoE), each called in
+turn, with input ids as users pass them (int32, a transposed view: not contiguous), in
+train mode, then in eval mode (another program), then in train mode again; and the plain
+model used after compile. Each call is checked against single-device eager on the full
+sequence (loss, gathered logits, every gradient; 1e-5 relative, fp32). Negative control:
+the same calls with the recurrence's incoming state dropped must fail.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3NextConfig"):  # pragma: no cover
+    pytest.skip("transformers without Qwen3-Next", allow_module_level=True)
+
+from test_recurrences import VOCAB, _granite, _model  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
+
+TOL = 1e-5
+DECAY = ("A_log", "dt_bias")  # Gated DeltaNet's decay pair: eager float32's own noise (test_recurrences._judge)
+
+
+def _ids(gen, seq):
+    """int32 ids, a transposed view (not contiguous), as a data pipeline may hand them."""
+    return torch.randint(0, VOCAB, (seq, 2), generator=gen, dtype=torch.int32).t()
+
+
+def _errors(compiled, model, reference, ids, skip=()) -> dict:
+    from autosp.testing.parity import relative_error
+    model.zero_grad(set_to_none=True)
+    reference.zero_grad(set_to_none=True)
+    out = compiled(input_ids=ids, labels=ids.long())
+    want = reference(input_ids=ids, labels=ids.long())
+    errors = {"loss": relative_error(out.loss, want.loss), "logits": relative_error(out.logits, want.logits)}
+    if compiled.training:
+        out.loss.backward()
+        want.loss.backward()
+        errors["grads"] = max(relative_error(p.grad, q.grad) for (n, p), q in
+                              zip(model.named_parameters(), reference.parameters())
+                              if q.grad is not None and not n.endswith(skip))
+    return errors
+
+
+def _body(rank, world, queue, seed, control):
+    import autosp
+    from autosp.hf import recurrences
+    if control:  # every rank's incoming state zeros: the prefix without its summaries
+        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
+    gen = torch.Generator().manual_seed(seed)
+    jobs = {}
+    for name, make in (("qwen3_next", lambda: _model(False)), ("granite", _granite)):
+        torch.manual_seed(seed)
+        model = make()
+        reference = copy.deepcopy(model)
+        jobs[name] = (autosp.compile(model, gather_outputs=True, sp_recurrence="prefix"), model, reference)
+    out: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for phase, seq in (("train", 15), ("eval", 15), ("train again", 16)):
+            for name, (compiled, model, reference) in jobs.items():  # the two models in turn
+                for m in (compiled, reference):
+                    m.train(phase != "eval")
+                skip = DECAY if name == "qwen3_next" else ()
+                out[(name, phase)] = _errors(compiled, model, reference, _ids(gen, seq), skip)
+        for name, (compiled, model, reference) in jobs.items():  # the plain model, after compile
+            ids = _ids(gen, 15)
+            with torch.no_grad():
+                plain, want = model(input_ids=ids).logits, reference(input_ids=ids).logits
+            out[(name, "plain")] = {"logits": float((plain - want).abs().max())}
+            out[(name, "programs")] = len(compiled.programs)
+    queue.put((rank, out))
+
+
+def test_two_hybrids_in_one_job_as_users_call_them(_fresh_seed):
+    results = run_ranks(_body, 2, args=(_fresh_seed % 10000, False), timeout=600)
+    for rank, out in results.items():
+        for key, errors in out.items():
+            if key[1] == "programs":
+                assert errors == 2, (rank, key, errors)  # train (S = 15 and 16: one program) and eval
+            elif key[1] == "plain":
+                assert errors["logits"] == 0.0, (rank, key, errors)  # the user's model is untouched
+            else:
+                assert max(errors.values()) <= TOL, (rank, key, errors)
+
+
+def test_negative_control_without_the_state_fails(_fresh_seed):
+    """The check the test above makes must fail for each model (the state's share of the
+    outputs is small on these tiny random models, so the margin is 10x the tolerance)."""
+    results = run_ranks(_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
+    for name in ("qwen3_next", "granite"):
+        worst = max(max(errors.values()) for key, errors in results[1].items()
+                    if key[0] == name and key[1] in ("train", "eval", "train again"))
+        assert worst > 10 * TOL, (name, results[1])
