@@ -205,11 +205,14 @@ class AutospModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
+        from autosp.frontend.importer import input_sequence_dims
         parts: list[tuple] = []
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        dims = iter(input_sequence_dims(tensors, self.seq_dim)[0])  # (S is not part of the signature)
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
-                shape = tuple(None if (d == self.seq_dim and leaf.dim() > self.seq_dim) else s
-                              for d, s in enumerate(leaf.shape))
+                seq = next(dims)
+                shape = tuple(None if d == seq else s for d, s in enumerate(leaf.shape))
                 parts.append(("T", leaf.dtype, leaf.device, shape))
             else:
                 parts.append(("C", repr(leaf)))

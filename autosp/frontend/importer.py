@@ -157,6 +157,48 @@ def model_state(model: torch.nn.Module) -> tuple[list[str], list[str], list[torc
     return [e[0] for e in entries], [e[1] for e in entries], [e[2] for e in entries]
 
 
+def input_sequence_dims(inputs: list, seq_dim: int | None) -> tuple[list, set]:
+    """Each tensor input's sequence dimension (None: none) and which were inferred.
+
+    The first tensor input with a ``seq_dim`` fixes the length S; an input whose
+    ``seq_dim`` has size S has it there. An input whose ``seq_dim`` does not, but whose
+    dims after it hold S exactly once, has it there (*inferred*): mrope's ``[3, B, S]``
+    position ids. :func:`import_model` keeps an inferred one only where the export ties
+    it to the sequence (one symbol with S); a size that merely equals S stays static."""
+    if seq_dim is None:
+        return [None] * len(inputs), set()
+    seq_len = next((t.shape[seq_dim] for t in inputs if t.dim() > seq_dim), None)
+    dims: list = []
+    inferred = set()
+    for i, t in enumerate(inputs):
+        if seq_len is None or t.dim() <= seq_dim:
+            dims.append(None)
+        elif t.shape[seq_dim] == seq_len:
+            dims.append(seq_dim)
+        else:
+            later = [d for d in range(seq_dim + 1, t.dim()) if t.shape[d] == seq_len]
+            dims.append(later[0] if len(later) == 1 else None)
+            if len(later) == 1:
+                inferred.add(i)
+    return dims, inferred
+
+
+def _not_the_sequence(program, n_state: int, dims: list, inferred: set) -> list:
+    """The inferred inputs whose dynamic dim the export did not tie to the sequence's symbol."""
+    if not inferred:
+        return []
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    user = [n for n, spec in zip(placeholders, program.graph_signature.input_specs)
+            if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT][n_state:]
+    def symbol(i):
+        val = user[i].meta.get("val") if i < len(user) else None
+        return str(val.shape[dims[i]]) if val is not None else None
+    first = next((i for i, d in enumerate(dims) if d is not None and i not in inferred), None)
+    if first is None:
+        return sorted(inferred)
+    return [i for i in sorted(inferred) if symbol(i) != symbol(first)]
+
+
 def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context: ir.Context | None = None,
                  **kwargs) -> ImportedModel:
     """Export ``model(*args, **kwargs)`` and import it as torch-dialect MLIR.
@@ -179,23 +221,23 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     inputs = [leaves[i] for i in tensor_leaves]
     paths = input_paths(in_spec, leaves)
 
-    seq_len = None
-    if seq_dim is not None:
-        for t in inputs:
-            if t.dim() > seq_dim:
-                seq_len = t.shape[seq_dim]
-                break
-    input_seq_dims = [seq_dim if (seq_len is not None and t.dim() > seq_dim and t.shape[seq_dim] == seq_len)
-                      else None for t in inputs]
-    dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
-
+    input_seq_dims, inferred = input_sequence_dims(inputs, seq_dim)
+    seq_len = next((t.shape[d] for t, d in zip(inputs, input_seq_dims) if d is not None), None)
     wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
-    try:
-        with torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
-                recurrences.recurrences_as_ops(model), _custom_backwards() as functions:
-            program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as e:  # torch.export raises many types; keep its message, drop the noise
-        raise _export_error(e, model) from None
+    while True:
+        dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
+        try:
+            with torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
+                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions:
+                program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as e:  # torch.export raises many types; keep its message, drop the noise
+            raise _export_error(e, model) from None
+        apart = _not_the_sequence(program, len(state), input_seq_dims, inferred)
+        if not apart:
+            break
+        for i in apart:  # a size that only equals S: static after all, and exported again
+            input_seq_dims[i] = None
+            inferred.discard(i)
     _refuse_custom_backwards(functions)
     _check_no_input_mutation(program, names)
     timings["export_s"] = time.perf_counter() - start

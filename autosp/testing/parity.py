@@ -139,8 +139,14 @@ def parity(reference: torch.nn.Module, candidate: torch.nn.Module, *args, params
 
 def max_grad_error(model: torch.nn.Module, reference: torch.nn.Module) -> float:
     """The largest :func:`relative_error` of ``model``'s gradients against ``reference``'s
-    (in parameter order)."""
-    return max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    (in parameter order; a parameter neither side's step reaches, e.g. an unused vision
+    tower, is skipped; one that only one side's reaches counts as infinite)."""
+    errors = [0.0]
+    for p, q in zip(model.parameters(), reference.parameters()):
+        if p.grad is None and q.grad is None:
+            continue
+        errors.append(float("inf") if p.grad is None or q.grad is None else relative_error(p.grad, q.grad))
+    return max(errors)
 
 
 def adamw_steps(reference: torch.nn.Module, model: torch.nn.Module, compiled, loss_of, batches,
