@@ -175,12 +175,14 @@ def _hybrids():
     return {"granite": granite, "qwen3_next": qwen}
 
 
+@pytest.mark.parametrize("method", ["chain", "prefix"])
 @pytest.mark.parametrize("family", ["granite", "qwen3_next"])
-def test_recurrent_hybrids_run_chunked_kernels_and_flash(family):
+def test_recurrent_hybrids_run_chunked_kernels_and_flash(family, method):
     """Mamba2 and Gated DeltaNet hybrids on CUDA at P = 4: the recurrences' torch kernels
-    in 64-position chunks (no [S, S] tensor), the attention layer flash, the conv halo and
-    the chained states contiguous, NCCL-ready; the first and the last rank."""
-    for step in cuda_step(_hybrids()[family], S, sp_size=4, call="plain"):
+    in 64-position chunks (no [S, S] tensor; the prefix's widened run too), the attention
+    layer flash, the conv halo, the chained states and the prefix's gathered summaries
+    contiguous, NCCL-ready; the first and the last rank."""
+    for step in cuda_step(_hybrids()[family], S, sp_size=4, call="plain", mesh={"recurrence": method}):
         step.check()
         assert step.kernels() == {"flash": 1, "flash backward": 1}, step.kernels()
 
