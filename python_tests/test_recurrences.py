@@ -20,10 +20,11 @@ Checked:
   kernel (logits to 1e-10; the loss, which transformers computes in float32, to 1e-6),
   and in float32 with transformers' own kernel (loss, gathered logits, every gradient
   <= 1e-5; 3 AdamW steps), at P = 2 (S = 15) and P = 4 (S = 19), and once at an S both
-  divide (16, 20). Eager float32's own
-  gradients of the decay parameters (A_log, dt_bias) are up to 3e-2 from the float64
-  truth (the kernel's chunked float32 form); there the test asks the sharded run to be as
-  accurate as one device: at most twice eager's distance from the truth;
+  divide (16, 20). The test models have long-memory decays (:func:`_long_memory`: a few
+  hundredths per position) so that the state passed between ranks carries weight;
+  transformers' own init (Gated DeltaNet A up to 16) forgets within a position or two,
+  and there eager float32's gradients of the decay pair (A_log, dt_bias) are themselves
+  up to 3e-2 from the float64 truth;
 - a tiny Granite-4 hybrid (a Mamba2 layer with its causal conv, an attention layer, MoE
   and a shared MLP) against single-device eager in float32 with transformers' own SSD
   scan (every gradient <= 1e-5; 3 AdamW steps) at P = 2 and 4 (S = 15, 19, and 16, 20 that
@@ -220,43 +221,6 @@ def _model(exact: bool):
     return model.double() if exact else model.float()
 
 
-def _truth_grads(reference, ids) -> dict:
-    """The gradients at ``reference``'s weights in float64 with the exact recurrence."""
-    model = copy.deepcopy(reference).double()
-    model.zero_grad(set_to_none=True)
-    for module in model.modules():
-        if hasattr(module, "config"):
-            module.config._experts_implementation = "eager"
-    modeling_qwen3_next.torch_chunk_gated_delta_rule = reference_recurrence
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model(input_ids=ids, labels=ids).loss.backward()
-    finally:
-        modeling_qwen3_next.torch_chunk_gated_delta_rule = KERNEL
-    return {n: p.grad for n, p in model.named_parameters()}
-
-
-def _judge(model, reference, ids) -> tuple[dict, list]:
-    """Every gradient within TOL of single-device eager, or, where eager float32 itself is
-    that far from the float64 truth (the decay parameters A_log and dt_bias through the
-    kernel's chunked float32 form), at most twice as far from the truth as eager is: as
-    accurate as one device. Returns (failures, the names judged by the truth)."""
-    from autosp.testing.parity import relative_error
-    truth, bad, by_truth = None, {}, []
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        err = relative_error(p.grad, q.grad)
-        if err <= TOL:
-            continue
-        truth = truth if truth is not None else _truth_grads(reference, ids)
-        sp, eager = relative_error(p.grad.double(), truth[name]), relative_error(q.grad.double(), truth[name])
-        if sp <= 2 * eager + TOL:
-            by_truth.append(name)
-        else:
-            bad[name] = (err, sp, eager)
-    return bad, by_truth
-
-
 def _run_case(seq, seed, exact, method="auto"):
     import autosp
     from autosp.testing.parity import adamw_steps, parity
@@ -278,18 +242,11 @@ def _run_case(seq, seed, exact, method="auto"):
                   "method": _methods(ir), "asked": method}
         if exact:
             return result
-        result["judged"] = [_judge(model, reference, ids)]
         batches = [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)]
-        pending = iter(batches)
-
-        def judged(model, reference):  # every gradient, by eager or by the truth
-            result["judged"].append(_judge(model, reference, next(pending)))
-            return 0.0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result["steps"] = [d for _, d in adamw_steps(reference, model, compiled,
-                                                          lambda m, x: m(input_ids=x, labels=x).loss, batches,
-                                                          grad_error=judged)]
+            result["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(input_ids=x, labels=x).loss,
+                                          batches)
         return result
     finally:
         modeling_qwen3_next.torch_chunk_gated_delta_rule = KERNEL
@@ -334,14 +291,11 @@ def test_qwen3_next_matches_single_device(world, _fresh_seed):
         assert exact["outputs"]["['logits']"] <= 1e-10, (rank, exact)
         assert exact["outputs"]["['loss']"] <= 1e-6 and exact["grads"] <= 1e-6, (rank, exact)
         where = f"rank {rank}, P={world}: {fp32}"
-        assert max(fp32["outputs"].values()) <= TOL, where
-        for bad, by_truth in fp32["judged"]:  # the first call and the 3 steps
-            assert not bad, where
-            assert set(n.split(".")[-1] for n in by_truth) <= {"A_log", "dt_bias"}, where
-        assert all(params <= TOL for params in fp32["steps"]), where
-        div = out["divisible"]  # (the decay parameters' gradients are eager's own float32 noise: see _judge)
-        assert max(div["outputs"].values()) <= TOL, (rank, div)
-        assert max(e for n, e in div["grads"].items() if not n.endswith(("A_log", "dt_bias"))) <= TOL, (rank, div)
+        assert max(fp32["outputs"].values()) <= TOL and fp32["grads"] <= TOL, where  # every gradient
+        for grads, params in fp32["steps"]:
+            assert grads <= TOL and params <= TOL, where
+        div = out["divisible"]
+        assert max(div["outputs"].values()) <= TOL and max(div["grads"].values()) <= TOL, (rank, div)
         for r in (exact, fp32):
             # heads: each rank its heads over the whole sequence (all-to-alls around the op, no
             # state passed); chain or prefix: the op sharded along the sequence, that method
