@@ -15,6 +15,7 @@ scale. Compared: every logged loss (relative error) and the final parameters (re
   replicas' batches together are the reference's, the two ranks of a group see the same one;
 - TRL's SFTTrainer with ``padding_free=True`` (documents flattened into one row, position_ids
   per document) and with BFD packing, at SP 2;
+- the recurrent hybrids (Qwen3-Next, Granite-4), 3 steps each in one job, at SP 2;
 - negative control: the plain ``transformers.Trainer`` on ``autosp.compile(model)`` (each rank
   its own batch, DDP over the world) must not match the reference (or raise AutospError);
 - errors: Trainer settings the integration cannot honour, and autosp.data's samplers.
@@ -406,3 +407,52 @@ def test_sequence_parallel_is_a_subclass():
     assert autosp.hf.sequence_parallel(autosp.hf.Trainer) is autosp.hf.Trainer
     with pytest.raises(TypeError):
         autosp.hf.sequence_parallel(torch.nn.Module)
+
+
+# ---------------------------------------------------------------------------- the 2026 families (issue 26)
+HYBRID_STEPS = 3
+
+
+def _hybrid(family: str):
+    """A tiny Qwen3-Next (Gated DeltaNet, conv, attention, MoE) or Granite-4 hybrid (Mamba2,
+    conv, attention, MoE), as test_recurrences builds them (long-memory decays)."""
+    from test_recurrences import _granite
+    from test_recurrences import _model as _qwen3_next
+    torch.manual_seed(0)
+    return _qwen3_next(False) if family == "qwen3_next" else _granite()
+
+
+def _train_hybrids(rank, world, queue, root):
+    with _torchrun_env(rank, world):
+        import autosp.hf
+        out = {}
+        for family in ("qwen3_next", "granite"):
+            trainer = autosp.hf.Trainer(model=_hybrid(family), train_dataset=_dataset(rows=24), sp_size=2,
+                                        args=_args(os.path.join(root, family), max_steps=HYBRID_STEPS))
+            trainer.train()
+            out[family] = {"losses": _losses(trainer), "params": _params(trainer.model),
+                           "programs": len(trainer.model_wrapped.sharded.programs)}
+            _reset_accelerate()
+        queue.put((rank, out))
+
+
+def test_trainer_sp2_trains_the_hybrids_like_one_process(tmp_path):
+    """autosp.hf.Trainer with its defaults (gradient accumulation 2, clipping, warm-up) on the
+    recurrent hybrids: every logged loss and the final parameters against one process's
+    transformers.Trainer on the same batches."""
+    reference = {}
+    for family in ("qwen3_next", "granite"):
+        _reset_accelerate()
+        trainer = transformers.Trainer(model=_hybrid(family), train_dataset=_dataset(rows=24),
+                                       args=_args(tmp_path / f"ref-{family}", max_steps=HYBRID_STEPS))
+        trainer.train()
+        reference[family] = {"losses": _losses(trainer), "params": _params(trainer.model)}
+    _reset_accelerate()
+    results = run_ranks(_train_hybrids, world_size=2, args=(str(tmp_path),), timeout=400, collective_timeout=TIMEOUT)
+    for rank, by_family in results.items():
+        for family, r in by_family.items():
+            ref = reference[family]
+            where = f"rank {rank}, {family}"
+            assert len(r["losses"]) == HYBRID_STEPS and _rel(r["losses"], ref["losses"]) <= LOSS_TOL, where
+            assert _rel_l2(r["params"], ref["params"]) <= PARAM_TOL, where
+            assert r["programs"] == 1, where
