@@ -218,7 +218,6 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
             lambda groups, order: fsdp.SimulatedUnsharder(groups, simulated_fsdp, shards, order=order))
     compile_ = None
     if backend is not None:
-        _check_traceable(gm, backend)
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
         def compile_(g):
             return torch.compile(g, backend=backend, dynamic=True, fullgraph=True)
@@ -232,21 +231,6 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     return program
 
 
-
-def _check_traceable(gm, backend) -> None:
-    """Refuse ``backend=`` for the runtime functions torch.compile cannot trace yet (Python
-    over ranks and process groups in an autograd function): the conv halo, the recurrences
-    and the image merge run only in the eager program."""
-    from autosp.hf import recurrences
-    from autosp.runtime import collectives
-    untraceable = {fn: f"the recurrence {name.removeprefix('torch.autosp.')}" for name, fn in recurrences.RUNTIME.items()}
-    untraceable.update({collectives.halo: "a causal convolution's halo",
-                        collectives.masked_scatter: "an image-feature merge (masked_scatter)"})
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in untraceable:
-            raise AutospError(f"backend={backend!r}: the program runs {untraceable[node.target]} through autosp's "
-                              "runtime, which torch.compile cannot trace yet; compile without backend= (the "
-                              "eager program runs it exactly)")
 
 def dropped_results(module) -> list[int]:
     """The results ``autosp-tile-loss{drop-logits}`` removed from ``@main`` (the logits)."""

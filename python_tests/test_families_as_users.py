@@ -6,7 +6,9 @@ turn, with input ids as users pass them (int32, a transposed view: not contiguou
 train mode, then in eval mode (another program), then in train mode again; and the plain
 model used after compile. Each call is checked against single-device eager on the full
 sequence (loss, gathered logits, every gradient; 1e-5 relative, fp32). Negative control:
-the same calls with the recurrence's incoming state dropped must fail.
+the same calls with the recurrence's incoming state dropped must fail. And under
+``backend="aot_eager"`` (torch.compile) Granite-4 and LLaVA, whose conv halo, recurrence
+and image merge run as opaque ops there.
 """
 import copy
 import warnings
@@ -95,3 +97,55 @@ def test_negative_control_without_the_state_fails(_fresh_seed):
         worst = max(max(errors.values()) for key, errors in results[1].items()
                     if key[0] == name and key[1] in ("train", "eval", "train again"))
         assert worst > 10 * TOL, (name, results[1])
+
+
+def _compiled_body(rank, world, queue, seed):
+    from test_vlm import _batch as _llava_batch
+    from test_vlm import _grad_errors as _llava_grad_errors  # (a key bias's gradient is 0: judged by scale)
+    from test_vlm import _model as _llava
+
+    import autosp
+    from autosp.runtime import opaque
+    from autosp.testing.parity import parity
+    calls: dict = {}
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return run
+    for name, (fn, fake) in list(opaque._FUNCTIONS.items()):  # count the opaque ops' runs
+        opaque.register(name, counted(name, fn), fake)
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    cases = (("granite", _granite, "prefix"), ("llava", _llava, "auto"))  # (Gated DeltaNet: the same opaque path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, make, method in cases:
+            torch.manual_seed(seed)
+            model = make()
+            reference = copy.deepcopy(model)
+            compiled = autosp.compile(model, gather_outputs=True, backend="aot_eager", sp_recurrence=method)
+            if name == "llava":
+                kwargs = _llava_batch(30, gen)
+            else:
+                ids = torch.randint(0, VOCAB, (2, 15), generator=gen)
+                kwargs = {"input_ids": ids, "labels": ids}
+            report = parity(reference, compiled, **kwargs)
+            grads = _llava_grad_errors(model, reference) if name == "llava" else max(report.grads.values())
+            out[name] = {"outputs": max(report.outputs.values()), "grads": grads}
+    out["calls"] = calls
+    queue.put((rank, out))
+
+
+def test_new_runtime_ops_under_torch_compile(_fresh_seed):
+    """``backend="aot_eager"``: the conv halo, a recurrence (the prefix) and the image merge
+    run as opaque ops inside the compiled graph (forward, and recomputed in backward), and
+    LLaVA's returned vision states keep their gradient share: exact against eager."""
+    results = run_ranks(_compiled_body, 2, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, out in results.items():
+        calls = out.pop("calls")
+        for name, r in out.items():
+            assert r["outputs"] <= TOL and r["grads"] <= TOL, (rank, name, r)
+        # Granite's halo and scan, LLaVA's merge: each once forward, once recomputed in backward
+        assert calls == {"halo": 2, "torch.autosp.mamba2_chunk_scan": 2, "masked_scatter": 2}, calls

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from autosp.ir.ops import GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN  # as they import (torch.operator)
+from autosp.runtime import opaque
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -371,6 +372,9 @@ def _sharded(method: str, run: Callable, stated: Callable, inputs: list, state_s
 def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str, *, group: str | None = None,
                      method: str = "chain"):
     """``autosp::gated_delta_rule`` in the emitted program (see the module docstring)."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call(GATED_DELTA_RULE, query, key, value, g, beta, l2norm, chunk, kernel, group=group,
+                           method=method)
     fn = _kernel(kernel)
 
     def run(inputs, state):
@@ -388,6 +392,9 @@ def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kerne
 def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool, dt_min: float, dt_max: float,
                       kernel: str, *, group: str | None = None, method: str = "chain"):
     """``autosp::mamba2_chunk_scan`` in the emitted program (see the module docstring)."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call(MAMBA2_CHUNK_SCAN, x, dt, A, B, C, D, dt_bias, chunk, dt_softplus, dt_min, dt_max, kernel,
+                           group=group, method=method)
     fn = _kernel(kernel)
 
     def run(inputs, state):  # A, D and dt_bias too: their gradients come from every part
@@ -405,3 +412,7 @@ def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool,
 
 RUNTIME = {GATED_DELTA_RULE: gated_delta_rule, MAMBA2_CHUNK_SCAN: mamba2_chunk_scan}
 """Each stated op's function in the emitted program."""
+
+opaque.register(GATED_DELTA_RULE, gated_delta_rule, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
+opaque.register(MAMBA2_CHUNK_SCAN, mamba2_chunk_scan,
+                lambda x, *rest, **kw: x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32)))

@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from autosp.ir.layout import SeqLayout, chunk
+from autosp.runtime import opaque
 
 # The name tables. Plain dicts, read on every collective: torch.compile traces reads of a
 # dict (not of a WeakValueDictionary). Their entries are owned: see "Who owns a name".
@@ -506,7 +507,9 @@ class _GradShare(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, size):
         ctx.size = size
-        return x.view_as(x)
+        # (traced: a fresh tensor; AOTAutograd replays an output that aliases an input as a view
+        # of it outside the graph, and the gradient then bypasses this backward)
+        return x.clone() if torch.compiler.is_compiling() else x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -535,6 +538,8 @@ def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor, se
     standing for a block of H source elements: O(S) bytes, not O(S * H). Too few source
     elements is an error, as on one device. The source's gradient is this rank's rows
     (summed over ranks with the parameters', as for every replicated value)."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call("masked_scatter", x, mask, source, seq_len, dim, lo, trim, group)
     if group_size(group) == 1:
         return x.masked_scatter(mask, source)
     dim %= x.dim()
@@ -629,6 +634,8 @@ def halo(x: torch.Tensor, seq_len: int, dim: int, width: int, lo: int, trim: int
 
         y = torch.nn.functional.conv1d(halo(x, S, 2, 3, 0, 0, "sp"), w, groups=C)  # k = 4
     """
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call("halo", x, seq_len, dim, width, lo, trim, group)
     dim %= x.dim()
     p = group_size(group)
     if p == 1:
@@ -646,6 +653,16 @@ def halo(x: torch.Tensor, seq_len: int, dim: int, width: int, lo: int, trim: int
                            "convolution along the sequence needs at least one position per rank")
     shifted = [[(a - lo, b - lo)] for (a, b), in held]
     return _Halo.apply(x, dim, width, group, shifted, group_rank(group))
+
+
+def _halo_fake(x, seq_len, dim, width, lo, trim, group):
+    shape = list(x.shape)
+    shape[dim % x.dim()] += width
+    return x.new_empty(shape)
+
+
+opaque.register("halo", halo, _halo_fake)
+opaque.register("masked_scatter", masked_scatter, lambda x, *rest: torch.empty_like(x))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, reduce_op: str, group: str) -> torch.Tensor:
