@@ -11,7 +11,9 @@ A tiny config (2 layers: sliding window 4 then full attention, GQA 4/2 heads, 4
 experts, the router aux loss): loss, aux loss, gathered logits and router logits and
 every gradient against single-device eager, then 3 AdamW steps, with Ulysses at P = 2
 (S = 15, left and right padding) and P = 4 (S = 19), a ring at P = 2 (S = 16), and a
-2 x 2 Ulysses x ring mesh at P = 4 (S = 19, padding). Bytes kept for backward grow at
+2 x 2 Ulysses x ring mesh at P = 4 (S = 19, padding); one call each at S = 20 (Ulysses,
+P = 4) and under ``backend="aot_eager"`` with the ring (S = 15: the sinks inside the
+ring's opaque op). Bytes kept for backward grow at
 most 2.3x from S to 2S. Negative controls: the sinks dropped from the denominator, and
 each rank reading the first ranks' sinks chunk, must each break parity.
 """
@@ -54,7 +56,7 @@ def _kwargs(ids, pad: bool):
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def _run_case(strategy, seq, pad, seed, control=None, full=True):
+def _run_case(strategy, seq, pad, seed, control=None, full=True, backend=None):
     import autosp
     from autosp.runtime import attention, ring
     from autosp.testing.parity import adamw_steps, parity, saved_growth
@@ -67,7 +69,7 @@ def _run_case(strategy, seq, pad, seed, control=None, full=True):
     elif control == "first_chunk":
         attention.heads_chunk = lambda sinks, heads, group: sinks.narrow(0, 0, heads)
     try:
-        compiled = autosp.compile(model, gather_outputs=True, sp_strategy=strategy)
+        compiled = autosp.compile(model, gather_outputs=True, sp_strategy=strategy, backend=backend)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
         with warnings.catch_warnings():
@@ -94,14 +96,15 @@ def _run_case(strategy, seq, pad, seed, control=None, full=True):
         ring._add_sinks, attention.heads_chunk = originals
 
 
-# (strategy, S, padding, with 3 AdamW steps and the growth): S divisible by P and not, at both P
-CASES = {2: [("ulysses", 15, True, True), ("ring", 16, False, True)],
-         4: [("ulysses", 19, False, True), ("hybrid", 19, True, True), ("ulysses", 20, True, False)]}
+# (strategy, S, padding, with 3 AdamW steps and the growth, backend): S divisible by P and not, at both P
+CASES = {2: [("ulysses", 15, True, True, None), ("ring", 16, False, True, None), ("ring", 15, False, False,
+                                                                                 "aot_eager")],
+         4: [("ulysses", 19, False, True, None), ("hybrid", 19, True, True, None), ("ulysses", 20, True, False, None)]}
 
 
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{st} S={s} pad={p}": _run_case(st, s, p, seed + i, full=full)
-                      for i, (st, s, p, full) in enumerate(CASES[world])}))
+    queue.put((rank, {f"{st} S={s} pad={p}{' ' + b if b else ''}": _run_case(st, s, p, seed + i, full=full, backend=b)
+                      for i, (st, s, p, full, b) in enumerate(CASES[world])}))
 
 
 @pytest.mark.parametrize("world", sorted(CASES))

@@ -118,11 +118,8 @@ def ring_attention(q, k, v, seq_len, mask=None, sink_logits=None, *, is_causal: 
     rows = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
     ids, keep = (None, rows) if key_padding else (rows, None)
     if torch.compiler.is_compiling():
-        if sink_logits is not None:
-            raise NotImplementedError("autosp.ring_attention with attention sinks under torch.compile (backend=) "
-                                      "is not supported; compile without a backend")
         return ring.ring_attention_op(q, k, v, ids, keep, seq_len, group, bool(is_causal), float(scale),
-                                      int(window))[0]
+                                      int(window), sink_logits)[0]
     return ring.ring_attention(q, k, v, pieces=ring.layout_pieces(group, seq_len), group=group,
                                is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None,
                                key_padding=keep, sinks=sink_logits)

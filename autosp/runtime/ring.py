@@ -684,17 +684,19 @@ def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key
 @torch.library.custom_op("autosp::ring_attention", mutates_args=())
 def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None,
                       key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool, scale: float,
-                      window: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      window: int, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ring's forward as one op: ``(out, lse)`` for this rank's rows, the pieces of
     every ring rank taken from ``group``'s layout at ``seq_len`` (``scale`` 0.0 and
-    ``window`` 0 mean none)."""
+    ``window`` 0 mean none); ``sinks`` (``[H]``) enter once, after every block is merged."""
     spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
     out, lse = _ring_forward(q, k, v, spec)
+    if sinks is not None:
+        out, lse = _add_sinks(out, lse, _check_sinks(sinks, q))
     return torch.empty_like(q).copy_(out), lse.contiguous()
 
 
 @ring_attention_op.register_fake
-def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window):
+def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
 
 
@@ -702,30 +704,34 @@ def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window):
 def ring_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, doc_ids: torch.Tensor | None,
                                key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool,
-                               scale: float,
-                               window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ring's backward as one op: ``(dq, dk, dv)``."""
+                               scale: float, window: int, sinks: torch.Tensor | None = None,
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ring's backward as one op: ``(dq, dk, dv, dsinks)`` (``dsinks`` empty without sinks)."""
     spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
     dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, spec)
+    dsinks = q.new_empty(0) if sinks is None else _sink_grad(dout, out, lse, sinks)
     # Laid out as the inputs, as the fake says (fresh tensors: dk and dv are views of one buffer).
-    return tuple(torch.empty_like(x).copy_(g) for x, g in ((q, dq), (k, dk), (v, dv)))
+    return (*(torch.empty_like(x).copy_(g) for x, g in ((q, dq), (k, dk), (v, dv))), dsinks)
 
 
 @ring_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, doc_ids, key_padding, seq_len, group, is_causal, scale, window):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # laid out as the inputs, as the real ones
+def _(dout, q, k, v, out, lse, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None):
+    # (laid out as the inputs, as the real ones)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(0) if sinks is None else torch.empty_like(sinks))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids, key_padding)
+    q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids, key_padding, sinks)
     ctx.args = (seq_len, group, is_causal, scale, window)
 
 
 def _op_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, doc_ids, key_padding = ctx.saved_tensors
-    dq, dk, dv = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, key_padding, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, out, lse, doc_ids, key_padding, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, key_padding,
+                                                    *ctx.args, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None)
 
 
 ring_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
