@@ -11,9 +11,9 @@ A tiny config (2 layers: sliding window 4 then full attention, GQA 4/2 heads, 4
 experts, the router aux loss): loss, aux loss, gathered logits and router logits and
 every gradient against single-device eager, then 3 AdamW steps, with Ulysses at P = 2
 (S = 15, left and right padding) and P = 4 (S = 19), a ring at P = 2 (S = 16), and a
-2 x 2 Ulysses x ring mesh at P = 4 (S = 19, padding); one call each at S = 20 (Ulysses,
-P = 4) and under ``backend="aot_eager"`` with the ring (S = 15: the sinks inside the
-ring's opaque op). Bytes kept for backward grow at
+2 x 2 Ulysses x ring mesh at P = 4 (S = 19, padding), Ulysses at P = 4 with S = 20 (that P
+divides); and one call under ``backend="aot_eager"`` with the ring (S = 15: the sinks
+inside the ring's opaque op). Bytes kept for backward grow at
 most 2.3x from S to 2S. Negative controls: the sinks dropped from the denominator, and
 each rank reading the first ranks' sinks chunk, must each break parity.
 """
@@ -99,7 +99,7 @@ def _run_case(strategy, seq, pad, seed, control=None, full=True, backend=None):
 # (strategy, S, padding, with 3 AdamW steps and the growth, backend): S divisible by P and not, at both P
 CASES = {2: [("ulysses", 15, True, True, None), ("ring", 16, False, True, None), ("ring", 15, False, False,
                                                                                  "aot_eager")],
-         4: [("ulysses", 19, False, True, None), ("hybrid", 19, True, True, None), ("ulysses", 20, True, False, None)]}
+         4: [("ulysses", 19, False, True, None), ("hybrid", 19, True, True, None), ("ulysses", 20, True, True, None)]}
 
 
 def _body(rank, world, queue, seed):

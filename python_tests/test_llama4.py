@@ -116,7 +116,7 @@ def _run_case(strategy, seq, seed, control=None, full=True):
 
 # (strategy, S, with 3 AdamW steps and the growth S -> 2S -> 4S): S divisible by P and not, at both P
 CASES = {2: [("ulysses", 15, True), ("ring", 16, True)], 4: [("ulysses", 19, True), ("hybrid", 19, True),
-                                                             ("ulysses", 20, False)]}
+                                                             ("ulysses", 20, True)]}
 
 
 def _body(rank, world, queue, seed):

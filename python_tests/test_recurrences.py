@@ -259,18 +259,21 @@ def _methods(ir: str) -> list[str]:
 
 
 def _divisible_case(make, world, seed, method="auto") -> dict:
-    """Parity (outputs and gradients, one call) at an S that P divides (16 at P = 2, 20 at 4)."""
+    """Parity (outputs and gradients, then 3 AdamW steps) at an S that P divides (16 at P = 2, 20 at 4)."""
     import autosp
-    from autosp.testing.parity import parity
+    from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
     model = make()
     reference = copy.deepcopy(model)
     compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=method)
     ids = torch.randint(0, VOCAB, (2, 16 if world == 2 else 20), generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = parity(reference, compiled, input_ids=ids, labels=ids)
-    return {"outputs": report.outputs, "grads": report.grads}
+        steps = adamw_steps(reference, model, compiled, lambda m, x: m(input_ids=x, labels=x).loss,
+                            [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
+    return {"outputs": report.outputs, "grads": report.grads, "steps": steps}
 
 
 def _model_body(rank, world, queue, seed):
@@ -296,6 +299,7 @@ def test_qwen3_next_matches_single_device(world, _fresh_seed):
             assert grads <= TOL and params <= TOL, where
         div = out["divisible"]
         assert max(div["outputs"].values()) <= TOL and max(div["grads"].values()) <= TOL, (rank, div)
+        assert all(g <= TOL and q <= TOL for g, q in div["steps"]), (rank, div)
         for r in (exact, fp32):
             # heads: each rank its heads over the whole sequence (all-to-alls around the op, no
             # state passed); chain or prefix: the op sharded along the sequence, that method
@@ -373,6 +377,7 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
         assert saved[("sp", 128)] / saved[("sp", 64)] <= 2.3, where
         div = r["divisible"]
         assert max(div["outputs"].values()) <= TOL and max(div["grads"].values()) <= TOL, (rank, div)
+        assert all(g <= TOL and q <= TOL for g, q in div["steps"]), (rank, div)
         if world == 2:
             assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where
 

@@ -13,7 +13,7 @@ run-time assertion (``sym_ite`` of a tensor check becomes ``_assert_async``).
 A tiny LLaVA (CLIP vision tower, Llama text model), two rows with one image each at
 different offsets, labels on the text only: loss, gathered logits, the returned vision
 states and every gradient against single-device eager, then 3 AdamW steps, at P = 2
-(S = 30) and P = 4 (S = 37); one call at an S of the other kind (31, 40). Negative controls: image features merged at each rank's
+(S = 30) and P = 4 (S = 37), and at an S of the other kind (31, 40). Negative controls: image features merged at each rank's
 own places (the order restarted per rank) must break parity, and a prompt with one image
 token too few must fail at run time instead of training on a misaligned merge.
 """
@@ -107,10 +107,9 @@ def _run_case(seq, seed, control=None, full=True):
 
 
 def _body(rank, world, queue, seed):
-    # S = 30 at P = 2 and 37 at P = 4 with 3 AdamW steps; the other kind of S (31: P = 2 does
-    # not divide it, 40: P = 4 does) in one call
-    out = {"case": _run_case(30 if world == 2 else 37, seed), "other": _run_case(31 if world == 2 else 40, seed + 1,
-                                                                               full=False)}
+    # S = 30 at P = 2 and 37 at P = 4, and the other kind of S (31: P = 2 does not divide
+    # it, 40: P = 4 does), each with 3 AdamW steps
+    out = {"case": _run_case(30 if world == 2 else 37, seed), "other": _run_case(31 if world == 2 else 40, seed + 1)}
     if world == 2:
         out["control"] = _run_case(30, seed, control="own_places")
     queue.put((rank, out))
@@ -129,6 +128,7 @@ def test_llava_matches_single_device(world, _fresh_seed):
         assert "runtime check failed" in r["mismatch"], where
         other = out["other"]
         assert max(other["outputs"].values()) <= TOL and other["grads"] <= TOL and other["merges"] == 1, (rank, other)
+        assert all(g <= TOL and q <= TOL for g, q in other["steps"]), (rank, other)
         if world == 2:
             assert out["control"]["outputs"]["['logits']"] > 1e-3, out["control"]
 
