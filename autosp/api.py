@@ -34,7 +34,7 @@ from autosp.driver import (
     transform,
     transform_once_per_group,
 )
-from autosp.frontend.importer import input_paths, prepare_input
+from autosp.frontend.importer import input_paths, input_sequence_dims, prepare_input
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.planning.plan import MemoryPlan
@@ -205,7 +205,6 @@ class AutospModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
-        from autosp.frontend.importer import input_sequence_dims
         parts: list[tuple] = []
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         dims = iter(input_sequence_dims(tensors, self.seq_dim)[0])  # (S is not part of the signature)
@@ -234,6 +233,10 @@ class AutospModule(torch.nn.Module):
         modes = self._modes()
         key = (self._signature(leaves, spec), modes)
         program = self._programs.get(key)
+        if program is not None and not _fits(program, leaves):
+            # an inferred sequence dim the export left static: that size is part of the key
+            key = (key, tuple(tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)))
+            program = self._programs.get(key)
         # The ranks agree on the call before its first collective: on every call, or (with
         # check_inputs=False) when a signature first compiles.
         if check or program is None:
@@ -306,6 +309,10 @@ class AutospModule(torch.nn.Module):
                 warnings.warn(line, stacklevel=4)
         program.shard_scale = self.shard_scale
         program.sharded_names = self.sharded_names
+        tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        dims = [a.seq_dim for a in transformed.args if a.kind == "input"]
+        program.input_shapes = [tuple(None if d == seq else n for d, n in enumerate(x.shape))
+                                for x, seq in zip(tensors, dims)]
         return program
 
     def _mesh(self) -> dict:
@@ -403,6 +410,17 @@ class AutospModule(torch.nn.Module):
     def programs(self) -> list[CompiledProgram]:
         """The programs compiled so far (one per input signature)."""
         return list(self._programs.values())
+
+
+def _fits(program: CompiledProgram, leaves) -> bool:
+    """Do the call's tensor inputs have the sizes ``program`` was compiled for (its dynamic
+    dims free)? A signature frees every dim :func:`input_sequence_dims` names, also one the
+    export then kept static (a size that only equalled S)."""
+    shapes = program.input_shapes
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    return shapes is None or len(shapes) == len(tensors) and all(
+        len(want) == x.dim() and all(w is None or w == n for w, n in zip(want, x.shape))
+        for want, x in zip(shapes, tensors))
 
 
 def compile(model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,

@@ -141,3 +141,16 @@ def test_a_size_that_only_equals_s_stays_static():
     imported = import_model(_TiedAndNot(), ids, pos, table)
     by_input = [a.seq_dim for a in imported.args if a.kind == "input"]
     assert by_input == [1, 2, None], by_input
+
+
+def test_a_later_call_with_another_size_there_compiles_again():
+    """The call signature frees every dim the inference names; where the export kept one
+    static (the table's T), a later call with another T must not reuse that program."""
+    import autosp
+    model = _TiedAndNot()
+    compiled = autosp.compile(model, sp_size=1)
+    for seq in (7, 9):
+        ids, pos, table = torch.randint(0, 32, (2, seq)), torch.randint(0, seq, (3, 2, seq)), torch.randn(2, 3, seq)
+        with torch.no_grad():
+            assert torch.allclose(compiled(ids, pos, table), model(ids, pos, table))
+    assert len(compiled.programs) == 2  # the table's size is part of the second program's key

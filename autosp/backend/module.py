@@ -40,6 +40,7 @@ class CompiledProgram:
     sync_points_in_graph: bool = False  # the graph starts each bucket's all-reduce (grad_sync.sync_point)
     shard_scale: float = 1.0  # FSDP2 parameters: factor on their reduce-scattered gradients (1/dp)
     sharded_names: frozenset = frozenset()  # the parameters that were FSDP2 DTensors at compile time
+    input_shapes: list | None = None  # each tensor input's compiled sizes, None at its dynamic dims
     unshard_groups: list[list[int]] = field(default_factory=list)  # state indices per unshard node, in call order
     prefetch: bool = True  # issue the next group's all-gather before the current layer runs
     unshard_order: list[int] = field(default_factory=list)  # the runner's order of calling the groups
