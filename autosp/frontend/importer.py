@@ -116,8 +116,9 @@ def input_paths(in_spec, leaves) -> list[str]:
 class _StateAsInputs(torch.nn.Module):
     """``forward(state, inputs)`` calls the model with ``state`` as its parameters/buffers."""
 
-    def __init__(self, model, names, leaves, tensor_leaves, in_spec):
+    def __init__(self, model, names, leaves, tensor_leaves, in_spec, autocast: tuple = ()):
         super().__init__()
+        self.autocast = autocast  # autocast_state() of the call: entered inside the traced forward
         # Not a submodule: export must not lift the model's own parameters a second time.
         self.model_ref = [model]
         self.names = names
@@ -130,8 +131,34 @@ class _StateAsInputs(torch.nn.Module):
         for i, t in zip(self.tensor_leaves, inputs):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
-        return torch.func.functional_call(self.model_ref[0], dict(zip(self.names, state)), args, kwargs,
-                                          tie_weights=True, strict=False)
+        with contextlib.ExitStack() as stack:
+            for device, dtype in self.autocast:  # exported as a wrap_with_autocast region
+                stack.enter_context(torch.autocast(device, dtype=dtype))
+            return torch.func.functional_call(self.model_ref[0], dict(zip(self.names, state)), args, kwargs,
+                                              tie_weights=True, strict=False)
+
+
+# ---------------------------------------------------------------------------- autocast (issue 38)
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple:
+    """``(device type, dtype)`` of each device type autocast is on for. torch.export ignores an
+    ambient autocast (its pre-dispatch trace sits above the autocast key), so
+    :func:`import_model` enters this state inside the traced forward: export keeps it as a
+    ``wrap_with_autocast`` region, which the decomposition inlines as explicit casts. A
+    compiled program is keyed by it (``autosp.api``) and runs with autocast off
+    (:func:`autocast_off`): nothing is cast twice."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
+
+
+def autocast_off() -> contextlib.ExitStack:
+    """Autocast off for every device type it is on for (a no-op context when it is off)."""
+    stack = contextlib.ExitStack()
+    for device, _ in autocast_state():
+        stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
+# ---------------------------------------------------------------------------- end autocast
 
 
 def prepare_input(x):
@@ -213,7 +240,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     timings = {}
     start = time.perf_counter()
     names, kinds, state = model_state(model)
-    state = [fsdp.stand_in(t) for t in state]  # FSDP2 shards: traced at their global shape
+    state = fsdp.stand_ins(state)  # FSDP2 shards: fakes of their global shape (no storage)
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     # torch.export's guards fail on some views (an internal AttributeError): export dense copies.
     leaves = [prepare_input(x) for x in leaves]
@@ -223,11 +250,12 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
 
     input_seq_dims, inferred = input_sequence_dims(inputs, seq_dim)
     seq_len = next((t.shape[d] for t, d in zip(inputs, input_seq_dims) if d is not None), None)
-    wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec)
+    autocast = autocast_state()  # traced inside the program, and off around export and decomposition
+    wrapper = _StateAsInputs(model, names, leaves, tensor_leaves, in_spec, autocast)
     while True:
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
-            with torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
+            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
                     recurrences.recurrences_as_ops(model), _custom_backwards() as functions:
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
@@ -248,7 +276,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     hit = cache.lookup(key, context)
     timings["import_cached"] = float(hit is not None)
     if hit is None:
-        module = _import_or_explain(program, table, context or make_context())
+        with autocast_off():
+            module = _import_or_explain(program, table, context or make_context())
         cache.store(key, module)
     else:
         module = hit[0]

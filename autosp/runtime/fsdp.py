@@ -70,12 +70,25 @@ def check_supported(name: str, p) -> None:
                          "autosp supports FSDP over the whole world (the default of fully_shard)")
 
 
-def stand_in(t: torch.Tensor) -> torch.Tensor:
-    """What export traces in place of a sharded parameter: an uninitialised tensor of its
-    global shape (the program only needs shapes and dtypes; the values are never read)."""
-    if is_sharded(t):
-        return torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device)
-    return t
+def stand_ins(state: list) -> list:
+    """What export traces in place of ``state``: each sharded parameter becomes a fake
+    tensor (``FakeTensorMode``: shape, dtype and device, no storage) of its global shape on
+    its shard's device; other tensors are passed as they are (export fakifies its inputs
+    itself, without copying them). So compiling allocates nothing that grows with the
+    model: no rank ever holds a whole parameter at compile time (a 70B model's 140 GB in
+    bf16 would not fit any GPU). The program only needs shapes and dtypes; values are
+    never read."""
+    if not any(is_sharded(t) for t in state):
+        return list(state)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    out = []
+    for t in state:
+        if is_sharded(t):
+            with mode:
+                t = torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device)
+        out.append(t)
+    return out
 
 
 @contextlib.contextmanager
