@@ -37,6 +37,7 @@ from autosp.driver import (
 from autosp.frontend.importer import input_paths, input_sequence_dims, prepare_input
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
+from autosp.module_checkpointing import request_key, requested_checkpointing
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.context import RuntimeContext
@@ -163,6 +164,8 @@ class AutospModule(torch.nn.Module):
             raise AutospError(f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING))}, "
                               f"got {checkpointing!r}")
         self.checkpointing = checkpointing
+        requested_checkpointing(model)  # checkpointing on the modules autosp cannot honour: an error now
+        self._said_checkpointing: set = set()
         self._programs: dict[object, CompiledProgram] = {}
         # A name of its own: the IR names groups by string, and the runtime binds each name
         # to one process group, so a shared name would let a later module rebind an earlier one's.
@@ -232,6 +235,7 @@ class AutospModule(torch.nn.Module):
     def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
         modes = self._modes()
         key = (self._signature(leaves, spec), modes)
+        key = (*key, request_key(self.module))  # the modules' checkpointing switches (module_checkpointing)
         program = self._programs.get(key)
         if program is not None and not _fits(program, leaves):
             # an inferred sequence dim the export left static: that size is part of the key
@@ -287,12 +291,14 @@ class AutospModule(torch.nn.Module):
     def _compile(self, args, kwargs) -> CompiledProgram:
         """Transform on the group's first rank and send the program to the others (it is
         the same on every rank); each rank emits its own GraphModule."""
+        checkpointing, module_plan = self._module_checkpointing()
+
         def run():
             # On the group's first rank only: every rank runs the program (and plan) it sends.
-            plan = self._plan(args, kwargs)
+            plan = self._plan(args, kwargs, checkpointing, module_plan)
             return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
                              gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             checkpointing=self.checkpointing, group_name=self.group_name, plan=plan,
+                             checkpointing=checkpointing, group_name=self.group_name, plan=plan,
                              mesh=self._mesh())
 
         group = self.sp_group
@@ -302,7 +308,7 @@ class AutospModule(torch.nn.Module):
             transformed = transform_once_per_group(run, group)
         self._bind_layout(transformed.module)
         program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
-                               checkpointing=self.checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
+                               checkpointing=checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
         seq = seq_len_of(args, kwargs, self.seq_dim)
         if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             for line in kept_masks(transformed.module, seq):
@@ -314,6 +320,36 @@ class AutospModule(torch.nn.Module):
         program.input_shapes = [tuple(None if d == seq else n for d, n in enumerate(x.shape))
                                 for x, seq in zip(tensors, dims)]
         return program
+
+    def _module_checkpointing(self) -> tuple[str, MemoryPlan | None]:
+        """``(checkpointing, plan)`` of this compilation: autosp's own options, or else the
+        checkpointing switched on on the model's modules (``activation_checkpointing_enable()``,
+        :mod:`autosp.module_checkpointing`) as autosp's. Explicit options win (said once)."""
+        request = requested_checkpointing(self.module)
+        if request is None:
+            return self.checkpointing, None
+        own = ("checkpointing=" + repr(self.checkpointing) if self.checkpointing != "off" else
+               "memory_plan" if self.memory_plan is not None else
+               "memory_budget" if self.memory_budget is not None else None)
+        if own is not None:
+            self._say(f"the model's {request.describe()} is replaced by autosp's {own}")
+            return self.checkpointing, None
+        self._say(f"honouring the model's {request.describe()} as autosp's checkpointing")
+        if request.uniform and not request.offload:
+            return "full", None
+        if not request.layers:
+            raise AutospError(f"{request.describe()}: a stack-level checkpointing flag with offload has no per-layer "
+                              "choices autosp can read; pass autosp.compile(..., memory_plan=MemoryPlan(layers=("
+                              "'full+offload', ...))) instead")
+        return self.checkpointing, MemoryPlan(layers=request.region_choices(), tile_loss=False)
+
+    def _say(self, line: str) -> None:
+        """One line on stderr from the first rank, once per text (verbose or not: it changes memory)."""
+        if line in self._said_checkpointing:
+            return
+        self._said_checkpointing.add(line)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"[autosp] {line}", file=sys.stderr, flush=True)
 
     def _mesh(self) -> dict:
         """The mesh request of a compilation: the user's, until a first compilation chose a
@@ -381,10 +417,12 @@ class AutospModule(torch.nn.Module):
         dim %= x.dim()
         return collectives.shard(x, x.shape[dim], dim, 0, 0, self.group_name)
 
-    def _plan(self, args, kwargs) -> MemoryPlan | None:
+    def _plan(self, args, kwargs, checkpointing: str = "off", module_plan: MemoryPlan | None = None
+              ) -> MemoryPlan | None:
         """The memory plan of this compilation: ``memory_plan``, or the planner's for
         ``memory_budget`` at this call's sequence length (the same on every rank: the
-        planner is deterministic and every rank passes the same inputs)."""
+        planner is deterministic and every rank passes the same inputs), or the modules'
+        per-layer checkpointing (``module_plan``), with ``drop_logits``."""
         if self.memory_plan is not None:
             plan = self.memory_plan
         elif self.memory_budget is not None:
@@ -394,9 +432,10 @@ class AutospModule(torch.nn.Module):
                                optimizer=self.optimizer, mesh=self.mesh_request,
                                fsdp=dist.get_world_size() if self.sharded_names and dist.is_initialized() else 1)
         elif self.drop_logits:
-            plan = MemoryPlan(mode=self.checkpointing, drop_logits=True)
+            plan = MemoryPlan(mode=checkpointing, drop_logits=True,
+                              layers=module_plan.layers if module_plan is not None else ())
         else:
-            return None
+            return module_plan
         return plan
 
     # ------------------------------------------------------------------ calling
