@@ -234,7 +234,7 @@ class AutospModule(torch.nn.Module):
 
     def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
         modes = self._modes()
-        key = (self._signature(leaves, spec), modes)
+        key: tuple = (self._signature(leaves, spec), modes)
         key = (*key, request_key(self.module))  # the modules' checkpointing switches (module_checkpointing)
         program = self._programs.get(key)
         if program is not None and not _fits(program, leaves):
