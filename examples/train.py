@@ -7,7 +7,10 @@ the single-device model; autosp shards the sequence. With more ranks than --sp t
 are data-parallel replicas (each its own batch, gradients averaged), and the printed loss is
 the global one: the mean of their losses. Each step also prints tokens/s and the peak memory
 of each process: its resident set size on CPU (getrusage: everything it holds, not only
-tensors), torch.cuda.max_memory_allocated on CUDA (the caching allocator's tensors).
+tensors), torch.cuda.max_memory_allocated on CUDA (the caching allocator's tensors); the
+header gives it right after the weights are loaded too (no rank holds the whole model: it
+is built on the meta device, sharded, and each rank reads only its own rows; see
+train_state.py). --save-hf DIR ends with a Hugging Face checkpoint.
 
 --verify also trains the single-device model on rank 0 with the same batches (every
 replica's) and prints both losses each step; with --dtype bf16 it trains an fp32 one too
@@ -49,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="\n".join(m.__doc__ for m in (train_data, train_state, train_plan)))
     p.add_argument("--size", choices=sorted(train_state.SIZES), default=None, help="model preset (default: tiny)")
     p.add_argument("--model", metavar="DIR",
-                   help="a local Hugging Face model directory (config.json + safetensors), loaded with "
-                        "AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True); not with --size/--layers")
+                   help="a local Hugging Face model directory (config.json + safetensors): built on the meta "
+                        "device, each rank reading only its own rows of the weights; not with --size/--layers")
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--seq", type=int, default=256, help="sequence length (need not divide by --sp)")
     p.add_argument("--batch", type=int, default=2, help="sequences per data-parallel replica per step")
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="DIR",
                    help="continue from a --save checkpoint (a step-NNNNNN folder, or the --save DIR for its "
                         "latest); any world size, --sp or --fsdp")
+    p.add_argument("--save-hf", metavar="DIR",
+                   help="after the last step, save a Hugging Face checkpoint to DIR (config.json + model.safetensors, "
+                        "loadable by from_pretrained; a preset as a LlamaForCausalLM), gathered one tensor at a time")
     p.add_argument("--init-from", metavar="FILE",
                    help="start from a torch.save'd plain state_dict() of the unsharded model (works with --fsdp)")
     p.add_argument("--dry-run", action="store_true",
@@ -145,10 +151,14 @@ def train(args, ranks: Ranks, hooks: Hooks) -> str | None:
     if device.type == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // world))))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model, vocab, description = train_state.build_model(args, dtype)
+    model, vocab, description = train_state.build_model(args, dtype)  # parameters on the meta device
     n_params, hf = train_state.count_params(model), train_state.is_hf(model)
     hooks.built(model, ranks)
-    fsdp_text = train_state.place_model(model, args, device, world)  # FSDP2 shards, or the whole model
+    t_load = time.perf_counter()
+    # FSDP2 shards (or the whole model), allocated and filled: each rank reads only its rows.
+    fsdp_text, read = train_state.place_model(model, args, device, world)
+    t_load = time.perf_counter() - t_load
+    loaded_memory, read = ranks.gather(train_state.peak_memory_mib(device)), ranks.gather(read)
     if args.init_from:
         train_state.load_plain_state_dict(model, args.init_from)
     t0 = time.perf_counter()
@@ -175,6 +185,12 @@ def train(args, ranks: Ranks, hooks: Hooks) -> str | None:
               f"{device.type}" + (f" | loss: the mean over the {dp} replicas" if dp > 1 else ""), flush=True)
         print(f"{fsdp_text} | parameter bytes per rank {int(param_bytes)} ({param_bytes / 2**20:.2f} MiB; "
               f"unsharded {full_bytes / 2**20:.2f} MiB)", flush=True)
+        part = "its own shards" if fsdp_text.startswith("FSDP on") else "the whole model (replicated)"
+        source = (f"read from {args.model}, each rank {part} (bytes read per rank "
+                  f"{', '.join(str(int(n)) for n in read)})" if args.model
+                  else f"the preset's initialisation (--seed), each rank {part}")
+        print(f"weights: {source} in {t_load:.1f}s | {train_state.memory_label(device)} per rank after loading "
+              f"{', '.join(f'{m:.0f}' for m in loaded_memory)} MiB", flush=True)
         if args.init_from:
             print(f"initialised from {args.init_from}", flush=True)
         if resumed:
@@ -225,6 +241,12 @@ def train(args, ranks: Ranks, hooks: Hooks) -> str | None:
             if rank == 0:
                 print(f"saved step {done} to {path} ({time.perf_counter() - t_save:.1f}s)", flush=True)
 
+    if args.save_hf:
+        t_save = time.perf_counter()
+        written = train_state.save_hf_checkpoint(args.save_hf, model, dtype, source=args.model)
+        if rank == 0:
+            print(f"saved a Hugging Face checkpoint to {args.save_hf} ({written / 2**20:.1f} MiB, "
+                  f"{time.perf_counter() - t_save:.1f}s)", flush=True)
     memory = ranks.gather(train_state.peak_memory_mib(device))
     more_rows, more_lines, failure = hooks.finished(losses)
     if rank == 0:
@@ -237,6 +259,8 @@ def train(args, ranks: Ranks, hooks: Hooks) -> str | None:
                 ("throughput", f"{args.batch * args.seq * dp / mean:.0f} tok/s"),
                 ("loss first -> last" + (f" (mean of {dp} replicas)" if dp > 1 else ""),
                  f"{losses[0]:.4f} -> {losses[-1]:.4f}"),
+                (f"{train_state.memory_label(device)} per rank after loading",
+                 ", ".join(f"{m:.0f}" for m in loaded_memory) + " MiB"),
                 (f"{train_state.memory_label(device)} per rank "
                  f"({'torch.cuda' if device.type == 'cuda' else 'getrusage'})",
                  ", ".join(f"{m:.0f}" for m in memory) + " MiB")]

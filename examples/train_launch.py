@@ -72,7 +72,8 @@ class Hooks:
     collectives). Here they do nothing."""
 
     def built(self, model: torch.nn.Module, ranks: Ranks) -> None:
-        """The model is built, on the CPU; FSDP has not sharded it, autosp not compiled it."""
+        """The model is built, its parameters on the meta device (shapes only); FSDP has not
+        sharded it, its weights are not loaded, autosp has not compiled it."""
 
     def started(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         """The starting weights and optimizer state (--init-from, --resume) are in place."""

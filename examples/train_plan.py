@@ -35,7 +35,7 @@ def check_options(args) -> None:
         if args.memory_budget is not None:
             raise UsageError("--dry-run plans the --checkpointing you give; --memory-budget is planned by the "
                              "compiler at a real run's first step: drop --dry-run (or --memory-budget)")
-        for flag in ("verify", "save", "resume", "init_from", "data", "pack"):
+        for flag in ("verify", "save", "save_hf", "resume", "init_from", "data", "pack"):
             if getattr(args, flag, None):
                 raise UsageError(f"--dry-run trains nothing: --{flag.replace('_', '-')} does not apply")
         if args.world is not None and args.world < 1:

@@ -310,7 +310,15 @@ def test_plan_table_checkpoint_lookup_batches_and_option_errors(tmp_path):
     assert train_state.resolve_checkpoint(str(tmp_path / "step-000002")) == str(tmp_path / "step-000002")
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text("{}")
+    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"")
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
     errors = [
+        (["--model", str(tmp_path / "bin")], "no model.safetensors or model.safetensors.index.json there"),
+        (["--model", str(tmp_path / "model"), "--dry-run", "--save-hf", str(tmp_path)],
+         "--dry-run trains nothing: --save-hf does not apply"),
+        (["--save-hf", str(tmp_path / "model" / "config.json")], "a file is there, not a directory"),
         (["--resume", str(tmp_path / "nope")], f"--resume {tmp_path / 'nope'}: no such directory"),
         (["--resume", str(tmp_path / "model")], "not a checkpoint"),
         (["--model", str(tmp_path / "model"), "--size", "tiny"], "drop --size/--layers, or drop --model"),
@@ -460,6 +468,7 @@ def test_pack_documents_of_text_and_tokenised_files_and_its_option_errors(tmp_pa
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
     model = ["--model", str(tmp_path / "model")]
     errors = [
         ([*model, "--pack", "--data", str(tmp_path / "tokens.npy")], "needs --doc-sep ID"),
@@ -516,3 +525,133 @@ def test_pack_verify_run_of_a_hugging_face_directory_with_fsdp_matches_and_learn
     first = _step_losses(out)[1]
     assert _close(first, packed), (first, packed)
     assert not _close(first, unpacked, 1e-4), (first, unpacked)
+
+
+# ---------------------------------------------------------------- loading by slice, --save-hf
+def _safetensors_bytes(directory):
+    """{name: bytes} of every tensor in a safetensors checkpoint directory (its headers only)."""
+    ckpt = train_state.SafetensorsCheckpoint(str(directory))
+    return {name: math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            for name, (_, dtype, shape, _) in ckpt.tensors.items()}
+
+
+def test_hugging_face_directory_each_rank_reads_its_rows_verifies_and_saves_a_loadable_checkpoint(tmp_path):
+    """torchrun, 2 ranks, FSDP: a sharded Hugging Face checkpoint (index + several
+    safetensors files; 67 MLP rows: uneven shards) is built on the meta device and each
+    rank reads only its own rows: the bytes read per rank add up to the checkpoint's, half
+    each (not the whole file each, as from_pretrained on every rank would). The loss equals
+    the single-device model's loaded by from_pretrained (--verify). --save-hf writes a
+    checkpoint that from_pretrained loads, equal to the DCP checkpoint of the same step
+    (--save), and not to the starting weights (the control: training moved them)."""
+    transformers = __import__("pytest").importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=67, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf", max_shard_size="50KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "hf").glob("model-*.safetensors"))) > 1
+    run = _torchrun("--model", str(tmp_path / "hf"), "--fsdp", "--verify", "--steps", "2", "--seq", "32",
+                    "--save", str(tmp_path / "dcp"), "--save-hf", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-4000:]
+    out = run.stdout
+    assert "VERIFY PASSED" in out and "FSDP on (fully_shard on 2 blocks + the root, over 2 ranks)" in out, out
+    assert float(re.search(r"max \|loss - single-device loss\|\s+(\S+)", out).group(1)) <= 1e-5, out
+    assert "each rank its own shards (bytes read per rank" in out, out
+    read = [int(n) for n in re.search(r"bytes read per rank (\d+), (\d+)\)", out).groups()]
+    total = sum(_safetensors_bytes(tmp_path / "hf").values())
+    assert sum(read) == total and max(read) <= 0.52 * total, (read, total)
+    assert re.search(r"^saved a Hugging Face checkpoint to \S+/out", out, flags=re.M), out
+
+    saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True)
+    start = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    trained = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    train_state.load_checkpoint(str(tmp_path / "dcp" / "step-000002"), trained, None, load_optimizer=False)
+    names = dict(saved.named_parameters()).keys()
+    assert names == dict(trained.named_parameters()).keys()
+    for (name, a), b, c in zip(saved.named_parameters(), trained.parameters(), start.parameters()):
+        assert torch.equal(a, b), name
+        assert not torch.equal(a, c), f"{name}: the control needs weights that training moved"
+    assert set(_safetensors_bytes(tmp_path / "out")) == set(_safetensors_bytes(tmp_path / "hf"))
+
+
+def test_slices_read_from_safetensors_the_meta_built_model_and_missing_or_mismatched_tensors(tmp_path):
+    """In one process: a rank's rows read from a safetensors file are the rows of the whole
+    tensor (and only their bytes are read; a wrong offset gives other rows: the control); a
+    model built on the meta device and filled from a checkpoint equals from_pretrained's
+    (weights, rotary buffers, tied embeddings still tied); a preset filled one tensor at a
+    time equals its seeded constructor, and its --save-hf checkpoint loads as a
+    LlamaForCausalLM computing the same loss. A tensor missing, of another shape, or left
+    over is an error naming it."""
+    import argparse
+
+    import pytest
+    from safetensors.torch import load_file, save_file
+    transformers = pytest.importorskip("transformers")
+
+    full = torch.randn(67, 5)
+    save_file({"w": full, "b": torch.randn(3)}, str(tmp_path / "model.safetensors"))
+    ckpt = train_state.SafetensorsCheckpoint(str(tmp_path))
+    for part in torch.arange(67).chunk(2):  # FSDP2's split over 2 ranks: rows 0-33, 34-66
+        rows = slice(int(part[0]), int(part[-1]) + 1)
+        out = torch.empty(len(part), 5)
+        before = ckpt.bytes_read
+        ckpt.read("w", out, (rows.start, 0))
+        assert torch.equal(out, full[rows]) and ckpt.bytes_read - before == out.numel() * 4
+        as_bf16 = torch.empty(out.shape, dtype=torch.bfloat16)  # another dtype: read, then converted
+        ckpt.read("w", as_bf16, (rows.start, 0))
+        assert torch.equal(as_bf16, full[rows].bfloat16())
+    wrong = torch.empty(33, 5)
+    ckpt.read("w", wrong, (33, 0))  # the control: one row off
+    assert not torch.equal(wrong, full[34:])
+    ckpt.close()
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=True, rope_parameters={"rope_type": "default",
+                                                                                 "rope_theta": 5000.0})
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    args = argparse.Namespace(model=str(tmp_path / "hf"), size=None, layers=None, seq=32, seed=0, fsdp=False,
+                              gpu_gib=80.0)
+    model, _, _ = train_state.build_model(args, torch.float32)
+    assert all(p.is_meta for p in model.parameters())
+    _, n_read = train_state.place_model(model, args, torch.device("cpu"), 1)
+    reference = train_state.build_plain_model(args, torch.float32)  # from_pretrained
+    assert n_read == sum(_safetensors_bytes(tmp_path / "hf").values())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    for (name, a), (_, b) in zip(model.named_buffers(), reference.named_buffers()):
+        assert torch.equal(a, b), name  # non-persistent: from the constructor, not the checkpoint
+
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    bad = {"missing": {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"},
+           "shape": {**tensors, "model.norm.weight": torch.ones(31)},
+           "extra": {**tensors, "model.layers.9.mlp.up_proj.weight": torch.ones(1)}}
+    expected = {"missing": "the checkpoint has no tensor 'model.layers.1.mlp.up_proj.weight'",
+                "shape": "tensor 'model.norm.weight' has shape [31] in the checkpoint, the model expects [32]",
+                "extra": "tensors the model does not use: model.layers.9.mlp.up_proj.weight"}
+    for what, state in bad.items():
+        (tmp_path / what).mkdir()
+        (tmp_path / what / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+        save_file(state, str(tmp_path / what / "model.safetensors"))
+        args.model = str(tmp_path / what)
+        model, _, _ = train_state.build_model(args, torch.float32)
+        with pytest.raises(UsageError, match=re.escape(expected[what])):
+            train_state.place_model(model, args, torch.device("cpu"), 1)
+
+    # A preset: filled one tensor at a time, as its seeded constructor; saved for Hugging Face.
+    args = argparse.Namespace(model=None, size="tiny", layers=None, seq=32, seed=5, fsdp=False, gpu_gib=80.0)
+    model, vocab, _ = train_state.build_model(args, torch.float32)
+    train_state.place_model(model, args, torch.device("cpu"), 1)
+    reference = train_state.build_plain_model(args, torch.float32)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs) and model.lm_head.weight is model.embed.weight
+    train_state.save_hf_checkpoint(str(tmp_path / "preset"), model, torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "preset", local_files_only=True)
+    ids = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a = model(ids, labels=ids)["loss"].item()
+        b = hf(input_ids=ids, labels=ids).loss.item()
+    assert _close(b, a), (a, b)

@@ -33,7 +33,7 @@ sys.path[:0] = [p for p in (os.path.join(_ROOT, "examples"), _ROOT) if p not in 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from train_launch import Hooks, Ranks  # noqa: E402
-from train_state import is_hf, model_loss  # noqa: E402
+from train_state import build_plain_model, is_hf, model_loss  # noqa: E402
 
 
 def bf16_spacing(x: float) -> float:
@@ -125,8 +125,8 @@ def copy_state_to_references(model, opt, refs, ref_opts, rank: int) -> None:
 class Verify(Hooks):
     """--verify (see the module docstring); with ``args.verify`` false it does nothing. The
     references ("single": the single-device model in the run's dtype; "fp32" with bf16) live
-    on rank 0 and start from the same (bf16-representable) weights: plain copies of the
-    model, made before FSDP shards it."""
+    on rank 0 and start from the same (bf16-representable) weights, built whole the ordinary
+    way (from_pretrained, or the seeded preset constructor)."""
 
     def __init__(self, args):
         self.args, self.on = args, bool(args.verify)
@@ -135,13 +135,17 @@ class Verify(Hooks):
         self.ref_losses: dict[str, list[float]] = {}
 
     def built(self, model, ranks: Ranks) -> None:
-        """Copy the references (rank 0)."""
+        """Build the references (rank 0) the ordinary way, whole: ``from_pretrained`` for
+        --model, the seeded constructor for a preset (train_state.build_plain_model); the
+        SP model (on the meta device here) gets its weights by its own path, each rank its
+        slices, so that path is checked too."""
         self.ranks, self.hf = ranks, is_hf(model)
         self.reset = self.on and self.args.dtype != "fp32"  # bf16: each step's losses at the SP weights
         if self.on and ranks.rank == 0:
-            self.refs["single"] = copy.deepcopy(model).to(ranks.device)
+            dtype = torch.bfloat16 if self.args.dtype == "bf16" else torch.float32
+            self.refs["single"] = build_plain_model(self.args, dtype).to(ranks.device)
             if self.args.dtype != "fp32":
-                self.refs["fp32"] = copy.deepcopy(model).float().to(ranks.device)
+                self.refs["fp32"] = copy.deepcopy(self.refs["single"]).float().to(ranks.device)
         self.ref_losses = {name: [] for name in self.refs}
 
     def started(self, model, opt) -> None:
