@@ -34,7 +34,7 @@ from autosp.driver import (
     transform,
     transform_once_per_group,
 )
-from autosp.frontend.importer import input_paths, input_sequence_dims, prepare_input
+from autosp.frontend.importer import autocast_off, autocast_state, input_paths, input_sequence_dims, prepare_input
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.module_checkpointing import request_key, requested_checkpointing
@@ -234,7 +234,7 @@ class AutospModule(torch.nn.Module):
 
     def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
         modes = self._modes()
-        key: tuple = (self._signature(leaves, spec), modes)
+        key: tuple = (self._signature(leaves, spec), modes, autocast_state())  # exported under it (importer)
         key = (*key, request_key(self.module))  # the modules' checkpointing switches (module_checkpointing)
         program = self._programs.get(key)
         if program is not None and not _fits(program, leaves):
@@ -443,7 +443,8 @@ class AutospModule(torch.nn.Module):
         kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         program = self._program_for(args, kwargs, leaves, spec, check=self.check_inputs)
-        return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
+        with autocast_off():  # the program's casts are its own ops (autocast_state)
+            return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
 
     @property
     def programs(self) -> list[CompiledProgram]:

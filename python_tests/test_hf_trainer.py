@@ -292,7 +292,7 @@ SFT_CASES = {
 }
 
 
-def _sft(trainer_cls, output_dir, case, **extra):
+def _sft(trainer_cls, output_dir, case, overrides=None, **extra):
     import trl
     options = dict(SFT_CASES[case])
     per_device = options.pop("per_device")
@@ -301,14 +301,18 @@ def _sft(trainer_cls, output_dir, case, **extra):
                                                   "dataloader_num_workers", "gradient_accumulation_steps", "max_steps",
                                                   "logging_steps", "learning_rate", "adam_epsilon", "warmup_steps",
                                                   "lr_scheduler_type", "max_grad_norm", "save_strategy")}
-    config = trl.SFTConfig(**base, per_device_train_batch_size=per_device, bf16=False, gradient_checkpointing=False,
-                           **options)
+    options = {"bf16": False, "gradient_checkpointing": False, **options, **(overrides or {})}
+    config = trl.SFTConfig(**base, per_device_train_batch_size=per_device, **options)
     trainer = trainer_cls(model=_model(), args=config, train_dataset=_documents(), processing_class=_tokenizer(),
                           **extra)
     trainer.train()
     wrapped = trainer.model_wrapped
     programs = len(wrapped.gathered.programs) if hasattr(wrapped, "gathered") else None
-    return {"losses": _losses(trainer), "params": _params(trainer.model), "programs": programs}
+    out = {"losses": _losses(trainer), "params": _full_params(trainer.model), "programs": programs}
+    if overrides and overrides.get("fsdp"):
+        out.update(_state_bytes(trainer))
+        trainer.save_model(os.path.join(output_dir, "final"))
+    return out
 
 
 def _train_sft(rank, world, queue, root):
@@ -384,7 +388,12 @@ def test_plain_trainer_on_compiled_model_does_not_match(reference, tmp_path):
 # ---------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("what, kwargs, args, message", [
     ("torch_compile", {}, {"torch_compile": True}, "torch_compile=True"),
-    ("bf16", {}, {"bf16": True}, "bf16=True"),
+    ("fp16", {}, {"fp16": True}, "fp16=True"),
+    ("bf16_full_eval", {}, {"bf16": True, "bf16_full_eval": True}, "bf16_full_eval=True"),
+    ("FSDP1", {}, {"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_version 1"),
+    ("FSDP offload", {}, {"fsdp": "full_shard offload", "fsdp_config": {"version": 2}}, "cpu_offload"),
+    ("FSDP shard_grad_op", {}, {"fsdp": "shard_grad_op", "fsdp_config": {"version": 2}}, "shard_grad_op"),
+    ("FSDP on one process", {}, {"fsdp": True, "fsdp_config": {"version": 2}}, "FSDP2 needs torch.distributed"),
     ("sp_size on one process", {"sp_size": 2}, {}, "needs 2 ranks"),
     ("an owned option", {"autosp_options": {"gather_outputs": True}}, {}, "autosp_options['gather_outputs']"),
     ("DDP instead", {"autosp_options": {"sync_data_parallel": False}}, {}, "never wraps the model in DDP"),
@@ -456,3 +465,260 @@ def test_trainer_sp2_trains_the_hybrids_like_one_process(tmp_path):
             assert len(r["losses"]) == HYBRID_STEPS and _rel(r["losses"], ref["losses"]) <= LOSS_TOL, where
             assert _rel_l2(r["params"], ref["params"]) <= PARAM_TOL, where
             assert r["programs"] == 1, where
+
+
+# ---------------------------------------------------------------------------- bf16 + FSDP2 + checkpointing (issue 38)
+# The standard recipe: bf16=True (fp32 master weights, the forward under the Trainer's autocast),
+# FSDP2 (fsdp=..., fsdp_config={"fsdp_version": 2}: applied by autosp.hf itself) and
+# gradient_checkpointing=True (autosp's checkpointing). References: one process with bf16 and
+# checkpointing (FSDP needs several ranks; on CPU accelerate would drop it anyway), and in fp32.
+FSDP = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2}, gradient_checkpointing=True)
+
+
+def _bf16_step(x: float) -> float:
+    """One bf16 step at ``x``: 2^(floor(log2 |x|) - 7) (the --verify bf16 rule of examples/train.py)."""
+    import math
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7)
+
+
+def _same_weights(cls):
+    """``cls`` recording, for every training micro-batch, (the loss of the call the Trainer
+    made, the user's model's eager loss under bf16 autocast, in fp32) at the same weights and
+    ``num_items_in_batch`` (under FSDP2 every rank calls the eager references together, and the
+    model is resharded after)."""
+    class SameWeights(_recording(cls)):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+            if model.training:
+                kwargs = dict(inputs)
+                if num_items_in_batch is not None:
+                    kwargs["num_items_in_batch"] = num_items_in_batch
+                with torch.no_grad():
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        bf16 = float(self.model(**kwargs).loss)
+                    fp32 = float(self.model(**kwargs).loss)
+                _reshard(self.model)
+                self.same_weights = getattr(self, "same_weights", [])
+                # compute_loss scaled the model's loss in place by the number of replicas
+                scale = self.accelerator.num_processes // self.get_tp_size() if num_items_in_batch is not None else 1
+                self.same_weights.append((float(outputs["loss"]) / scale, bf16, fp32))
+            return (loss, outputs) if return_outputs else loss
+    return SameWeights
+
+
+def _reshard(model):
+    from torch.distributed.fsdp import FSDPModule
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def _full_params(model) -> dict:
+    """Every parameter whole (FSDP2's DTensors gathered: a collective), as _params."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
+
+
+def _local_bytes(t) -> int:
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def _state_bytes(trainer) -> dict:
+    """This rank's bytes of parameters and optimizer state, and the whole model's."""
+    params = list(trainer.model.parameters())
+    optimizer = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    opt = sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values()
+              if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"param_bytes": sum(_local_bytes(p) for p in params), "opt_bytes": opt,
+            "model_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
+def _saved_bytes(trainer) -> dict:
+    """Bytes saved for backward by one training call of the Trainer's model (the checkpointing
+    the Trainer set), and by the same call after activation_checkpointing_disable() (a control)."""
+    from autosp.planning.memory import SavedTensors
+    batch = _dataset(rows=2, seed=9)
+    kwargs = dict(input_ids=torch.stack([b["input_ids"] for b in batch]),
+                  labels=torch.stack([b["labels"] for b in batch]), num_items_in_batch=torch.tensor(20.0))
+    wrapped = trainer.model_wrapped
+    wrapped.train()
+    out = {}
+    for what in ("on", "off"):
+        if what == "off":
+            trainer.model.activation_checkpointing_disable()
+        with SavedTensors(list(trainer.model.parameters())) as counter:
+            loss = wrapped(**kwargs).loss
+        loss.backward()
+        out[f"saved_{what}"] = counter.bytes
+    trainer.model.zero_grad(set_to_none=True)
+    return out
+
+
+def _train_recipe(rank, world, queue, root, per_device):
+    """bf16 alone (at world 2: the controls), then bf16 + FSDP2 + checkpointing, saved at the end."""
+    with _torchrun_env(rank, world):
+        import autosp.hf
+        out = {}
+        cases = [("bf16", {})] if world == 2 else []
+        for case, overrides in cases + [("recipe", dict(FSDP, save_strategy="steps", save_steps=3))]:
+            trainer = _same_weights(autosp.hf.Trainer)(
+                model=_model(), args=_args(os.path.join(root, case), per_device=per_device, bf16=True, **overrides),
+                train_dataset=_dataset(), sp_size=2)
+            trainer.train()
+            r = {"losses": _losses(trainer), "params": _full_params(trainer.model), "seen": trainer.seen,
+                 "same_weights": trainer.same_weights,
+                 "autocast": [k[2] for k in trainer.model_wrapped.sharded._programs],
+                 **_state_bytes(trainer)}
+            if case == "recipe":
+                trainer.save_model(os.path.join(root, "final"))
+                # resume from the step-3 checkpoint (full weights and optimizer state into the shards)
+                trainer.state.log_history = []
+                trainer.train(resume_from_checkpoint=os.path.join(root, case, "checkpoint-3"))
+                r["resumed_losses"], r["resumed_params"] = _losses(trainer, after_step=3), _full_params(trainer.model)
+                r.update(_saved_bytes(trainer))
+            out[case] = r
+            _reset_accelerate()
+        queue.put((rank, out))
+
+
+def _check_mixed_precision(same_weights, where):
+    """Each micro-batch's loss against the user's model at the same weights: within
+    |bf16 autocast - fp32| + one bf16 step of fp32 (the criterion), and bf16 indeed: over the
+    run, at most half as far from eager bf16 autocast as eager bf16 is from fp32 (an fp32
+    program is exactly that far)."""
+    for sp, bf16, fp32 in same_weights:
+        assert abs(sp - fp32) <= abs(bf16 - fp32) + _bf16_step(fp32), (where, sp, bf16, fp32)
+    off = sum(abs(sp - bf16) for sp, bf16, _ in same_weights)
+    assert off <= 0.5 * sum(abs(bf16 - fp32) for _, bf16, fp32 in same_weights), (where, "not bf16 autocast")
+
+
+def _check_free_running(got: dict, ref16: dict, ref32: dict, where) -> None:
+    """A run against one process's with the same settings: every logged loss within one
+    process's own distance to fp32 plus one bf16 step, and the final parameters within one
+    process's relative distance to fp32 plus one bf16 step (2^-8)."""
+    assert len(got["losses"]) == STEPS, where
+    for step, (a, b, c) in enumerate(zip(got["losses"], ref16["losses"], ref32["losses"])):
+        print(f"{where} step {step + 1}: |got - one bf16| {abs(a - b):.2e}, |one bf16 - one fp32| {abs(b - c):.2e}, "
+              f"bound {abs(b - c) + _bf16_step(b):.2e}")
+        assert abs(a - b) <= abs(b - c) + _bf16_step(b), (where, step, a, b, c)
+    err, own = _rel_l2(got["params"], ref16["params"]), _rel_l2(ref16["params"], ref32["params"])
+    print(f"{where}: params rel L2 to one bf16 {err:.2e}, one bf16 to one fp32 {own:.2e}")
+    assert err <= own + 2.0 ** -8, where
+
+
+@pytest.fixture(scope="module")
+def reference_bf16(tmp_path_factory):
+    """One process, bf16=True and gradient_checkpointing=True, batch 2 and 4 per step."""
+    out = {}
+    for per_device in (2, 4):
+        _reset_accelerate()
+        trainer = transformers.Trainer(model=_model(), train_dataset=_dataset(),
+                                       args=_args(tmp_path_factory.mktemp("ref16"), per_device=per_device, bf16=True,
+                                                  gradient_checkpointing=True))
+        trainer.train()
+        out[per_device] = {"losses": _losses(trainer), "params": _params(trainer.model)}
+    _reset_accelerate()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_trainer_fsdp2_bf16_checkpointing(reference, reference_bf16, tmp_path, world):
+    """SP 2 (world 2) and DP 2 x SP 2 (world 4), 6 steps with accumulation and clipping: bf16
+    alone (world 2) and the recipe (FSDP2 + bf16 + checkpointing) against one process, at the
+    same weights and free-running; per-rank state 1/world; saved bytes of checkpointing; resume
+    from step 3; save_model loadable by from_pretrained. Controls: an fp32 program is not bf16;
+    the run without FSDP holds the whole model; the call with the model's checkpointing off
+    saves more."""
+    per_device = 2 if world == 2 else 2 * 2 // (world // 2)  # the replicas' batches together: the reference's
+    results = run_ranks(_train_recipe, world_size=world, args=(str(tmp_path), per_device), timeout=300,
+                        collective_timeout=TIMEOUT)
+    ref_per_device = per_device * (world // 2)
+    ref16, ref32 = reference_bf16[ref_per_device], reference[ref_per_device]
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            where = f"world {world} {case} rank {rank}"
+            assert r["autocast"] == [(("cpu", torch.bfloat16),)], r["autocast"]  # one program, under its autocast
+            assert len(r["same_weights"]) >= STEPS * 2
+            _check_mixed_precision(r["same_weights"], where)
+            _check_free_running(r, ref16, ref32, where)
+            if world == 2:  # the reference's batches (the replicas' together at world 4, below)
+                assert all(torch.equal(a, b) for a, b in zip(r["seen"], ref32["seen"], strict=False)), where
+        recipe = by_case["recipe"]
+        print(f"world {world} rank {rank}: model {recipe['model_bytes']} B; per rank: parameters "
+              f"{recipe['param_bytes']} B, optimizer {recipe['opt_bytes']} B; saved for backward "
+              f"{recipe['saved_on']} B (checkpointing off {recipe['saved_off']} B)")
+        whole = recipe["model_bytes"]
+        assert recipe["param_bytes"] <= 1.1 * whole / world and recipe["opt_bytes"] <= 2.2 * whole / world
+        if "bf16" in by_case:  # control: without FSDP every rank holds the whole model and its moments
+            assert by_case["bf16"]["param_bytes"] == whole and by_case["bf16"]["opt_bytes"] == 2 * whole
+        assert recipe["saved_on"] <= 0.2 * recipe["saved_off"]
+        assert _rel(recipe["resumed_losses"], recipe["losses"][3:]) <= 1e-6, recipe["resumed_losses"]
+        assert _rel_l2(recipe["resumed_params"], recipe["params"]) <= 1e-6
+    if world == 4:
+        for step, expected in enumerate(ref32["seen"]):
+            assert torch.equal(torch.cat([results[0]["recipe"]["seen"][step], results[2]["recipe"]["seen"][step]]),
+                               expected)
+    # negative control: an fp32 program (the eager fp32 losses) passes the criterion but is not bf16
+    fp32_run = [(fp32, bf16, fp32) for _, bf16, fp32 in results[0]["recipe"]["same_weights"]]
+    with pytest.raises(AssertionError, match="not bf16 autocast"):
+        _check_mixed_precision(fp32_run, "fp32 control")
+    # save_model: the whole fp32 model, from every rank's shards
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "final"))
+    trained = results[0]["recipe"]["params"]
+    assert set(dict(loaded.named_parameters())) == set(trained)
+    assert all(torch.equal(p, trained[n]) for n, p in loaded.named_parameters())
+
+
+def test_program_under_autocast_is_keyed_and_exported_with_its_casts():
+    """A call under autocast compiles a program of its own, exported under it (explicit casts,
+    eager autocast's values) and run with autocast off; the call outside keeps the fp32 one."""
+    import autosp
+    model = _model()
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fp32 = model(input_ids=ids).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = model(input_ids=ids).logits
+        compiled = autosp.compile(model, sp_size=1)
+        got32 = compiled(input_ids=ids)["logits"]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got16 = compiled(input_ids=ids)["logits"]
+    assert len(compiled.programs) == 2
+    assert got32.dtype == torch.float32 and torch.equal(got32, fp32)
+    assert got16.dtype == torch.bfloat16 and torch.equal(got16, bf16)
+    assert not torch.equal(bf16.float(), fp32)  # control: autocast changes the values
+    code = compiled.programs[1].graph_module.code
+    assert "torch.bfloat16" in code and "torch.bfloat16" not in compiled.programs[0].graph_module.code
+
+
+def _train_sft_recipe(rank, world, queue, root):
+    with _torchrun_env(rank, world):
+        import trl
+
+        import autosp.hf
+        queue.put((rank, _sft(autosp.hf.sequence_parallel(trl.SFTTrainer), root, "padding_free", overrides=dict(
+            bf16=True, **FSDP), sp_size=2)))
+
+
+def test_trl_sft_fsdp2_bf16_checkpointing(tmp_path):
+    """TRL's SFTTrainer (padding-free, its loss from per-token log-probabilities: the gathered
+    program) with FSDP2 + bf16 + checkpointing at SP 2, against one process's bf16 + checkpointing
+    run: every logged loss and the final parameters within the mixed-precision criterion;
+    per-rank state 1/world; save_model loadable by from_pretrained."""
+    trl = pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    refs = {}
+    for name, config in (("bf16", dict(bf16=True, gradient_checkpointing=True)), ("fp32", None)):
+        _reset_accelerate()
+        refs[name] = _sft(trl.SFTTrainer, tmp_path / f"ref-{name}", "padding_free", overrides=config)
+    _reset_accelerate()
+    root = tmp_path / "sp"
+    results = run_ranks(_train_sft_recipe, world_size=2, args=(str(root),), timeout=300, collective_timeout=TIMEOUT)
+    for rank, r in results.items():
+        _check_free_running(r, refs["bf16"], refs["fp32"], f"SFT recipe rank {rank}")
+        assert r["param_bytes"] <= 1.1 * r["model_bytes"] / 2 and r["opt_bytes"] <= 2.2 * r["model_bytes"] / 2
+        assert r["programs"] == 1
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(root / "final"))
+    assert all(torch.equal(p, results[0]["params"][n]) for n, p in loaded.named_parameters())

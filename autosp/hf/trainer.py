@@ -30,11 +30,22 @@ How the data contract is kept (docs/DESIGN.md §7, "Trainers are users too"):
 - **Saving**: ``Trainer.model`` stays the user's model (its ``config``, ``loss_type``, forward
   signature for ``remove_unused_columns``), so ``save_model``, checkpoints and
   ``resume_from_checkpoint`` are the Trainer's own.
+- **Mixed precision** (``bf16=True``, fp32 master weights): every call runs under the
+  accelerator's autocast, outputs cast to fp32, as accelerate's ``prepare_model`` does; the
+  programs are exported under that autocast and keyed by it (``autosp.frontend.importer.autocast_state``).
+  ``fp16=True`` is refused (a GradScaler autosp has not been verified with).
+- **Checkpointing** (``activation_checkpointing`` / ``gradient_checkpointing``): the Trainer
+  switches it on on the model's layers; autosp.compile honours the switches as its own
+  (``autosp.module_checkpointing``).
+- **FSDP2** (``fsdp=True``, ``fsdp_config={"version": 2}``): applied here (``fully_shard`` on
+  each layer class, then the root, over the whole world), not by accelerate's plugin, which is
+  taken off the arguments; checkpoints and ``save_model`` hold the full state dicts, loaded
+  back into each rank's shards on resume. DeepSpeed is refused with a pointer to it.
 """
 from __future__ import annotations
 
 import functools
-import warnings
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,12 +108,16 @@ class SequenceParallelModel(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, sp_size: int, options: dict | None = None,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, autocast=None):
         super().__init__()
         import autosp
         self.options = dict(options or {})
         self.sp_size = sp_size
         self.temperature = temperature
+        # Mixed precision (bf16=True): the accelerator's autocast context (a callable), under which every call
+        # runs, its outputs then cast to fp32, as accelerate's prepare_model does to a model it wraps. The compiled
+        # programs export under it (their casts are ops of the program: autosp.frontend.importer.autocast_state).
+        self.autocast = autocast
         self.sharded = autosp.compile(model, sp_size=sp_size, **self.options)
         self.gathered: torch.nn.Module | None = None
         if sp_size > 1:  # built now, on every rank together: creating its groups is collective
@@ -141,7 +156,15 @@ class SequenceParallelModel(torch.nn.Module):
             kwargs = {k: v for k, v in kwargs.items() if k not in _VARLEN_KWARGS}
         return kwargs
 
-    def forward(self, *args, fused_lm_head: bool = False, num_items_in_batch=None, **kwargs):
+    def forward(self, *args, **kwargs):
+        if self.autocast is None:
+            return self._forward(*args, **kwargs)
+        from accelerate.utils import convert_to_fp32
+        with self.autocast():
+            outputs = self._forward(*args, **kwargs)
+        return convert_to_fp32(outputs)
+
+    def _forward(self, *args, fused_lm_head: bool = False, num_items_in_batch=None, **kwargs):
         kwargs = self._call_kwargs(kwargs)
         if fused_lm_head:
             return self._fused_lm_head(args, kwargs, num_items_in_batch)
@@ -214,19 +237,22 @@ class _SequenceParallelMixin(_TrainerBase):
         self._autosp_local_count = False
         self._autosp_world = 1
         self._autosp_sp = 1
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        # FSDP2 (fsdp=..., fsdp_config={"version": 2}) is applied here, not by accelerate's plugin
+        # (which CPU drops and which would wrap the model itself): the plugin is taken off the args.
+        self._autosp_fsdp = _take_fsdp_request(training_args)
         super().__init__(*args, **kwargs)
         # Resolved after the Trainer's own set-up: under torchrun, it initialises torch.distributed.
         self._autosp_world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._autosp_sp = self._autosp_resolve_sp()
         self._autosp_check()
-        if self.args.activation_checkpointing:
-            # torch.utils.checkpoint inside the exported forward is the compiler's job here: the
-            # same recomputation (every layer in backward) is autosp's checkpointing="full".
-            self._autosp_options.setdefault("checkpointing", "full")
-            self.args.activation_checkpointing = False
-            warnings.warn(f"autosp.hf: activation_checkpointing=True is autosp's checkpointing="
-                          f"{self._autosp_options['checkpointing']!r} (autosp_options) for the compiled model",
-                          stacklevel=2)
+        if self._autosp_fsdp is not None:
+            self._autosp_fully_shard(self._autosp_fsdp)
+        # activation_checkpointing=True (alias gradient_checkpointing=True): the Trainer calls
+        # activation_checkpointing_enable() on the model when training starts, with its kwargs
+        # (every_n_layers, offload), and autosp.compile honours the modules' flags as its own
+        # checkpointing (autosp.module_checkpointing: every layer -> "full", offload -> "+offload");
+        # autosp_options["checkpointing"] wins over them.
 
     # ------------------------------------------------------------------ checks
     def _autosp_resolve_sp(self) -> int:
@@ -249,15 +275,18 @@ class _SequenceParallelMixin(_TrainerBase):
             refuse.append("torch_compile=True (the compiled program is autosp's: pass "
                           "autosp_options={'backend': 'inductor'} to torch.compile it)")
         if getattr(self, "is_deepspeed_enabled", False) or args.deepspeed:
-            refuse.append("DeepSpeed (autosp shards the sequence itself; model state sharding: FSDP2 fully_shard)")
+            refuse.append("DeepSpeed (autosp shards the sequence itself; for ZeRO-3's sharded model state pass "
+                          "fsdp=True, fsdp_config={'version': 2} instead)")
         if getattr(self, "is_fsdp_enabled", False) or args.fsdp:
-            refuse.append("the FSDP plugin (wrap with torch's fully_shard and autosp.compile in a custom loop)")
+            refuse.append("accelerate's FSDP plugin (autosp.hf applies FSDP2 itself: fsdp_config={'version': 2})")
         if getattr(self.accelerator, "parallelism_config", None) is not None or args.parallelism_config is not None:
             refuse.append("accelerate's ParallelismConfig (autosp lays out the dp x sp mesh itself)")
-        if args.bf16 or args.fp16:
-            refuse.append(f"{'bf16' if args.bf16 else 'fp16'}=True (mixed precision autocasts the wrapped model's forward, "
-                          "which autosp compiles: load the model in the dtype to train in and pass bf16=False, "
-                          "fp16=False)")
+        if args.fp16:
+            refuse.append("fp16=True (fp16 needs a GradScaler whose inf check must agree over the ranks; accelerate "
+                          "sets none up on CPU and autosp has not been verified with one: use bf16=True)")
+        if args.bf16_full_eval or args.fp16_full_eval:
+            refuse.append(f"{'bf16' if args.bf16_full_eval else 'fp16'}_full_eval=True (it casts the model's "
+                          "parameters in place for evaluation; with bf16=True evaluation runs under autocast)")
         if args.n_gpu > 1:
             refuse.append(f"nn.DataParallel over {args.n_gpu} GPUs in one process (launch one process per GPU)")
         if refuse:
@@ -269,6 +298,93 @@ class _SequenceParallelMixin(_TrainerBase):
         if self.accelerator.dispatch_batches:
             raise AutospError("dispatch_batches=True splits one batch over every process; autosp.hf.Trainer gives "
                               "each SP group a whole batch (leave dispatch_batches unset)")
+
+    # ------------------------------------------------------------------ FSDP2
+    def _autosp_fully_shard(self, plugin: dict) -> None:
+        """``fully_shard`` on each layer (``transformer_layer_cls_to_wrap``, else the model's
+        ``_no_split_modules``), then on the root, over the whole world (1-D mesh): what
+        accelerate's FSDP2 plugin does, composed with SP by autosp.compile as a user's
+        ``fully_shard`` is (the compiled program gathers one layer at a time). With
+        ``bf16=True`` the master weights stay fp32 and the program runs under autocast."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        if self._autosp_world == 1:
+            raise AutospError("fsdp: FSDP2 needs torch.distributed with several ranks (launch with torchrun)")
+        model = self.model
+        names = plugin.get("transformer_cls_names_to_wrap")
+        names = set(names.split(",")) if names else set(getattr(model, "_no_split_modules", None) or ())
+        if plugin.get("auto_wrap_policy") == "NO_WRAP":
+            names = set()
+        layers = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if names and not layers:
+            raise AutospError(f"fsdp: no module of class {', '.join(sorted(names))} in {type(model).__name__} (set "
+                              "fsdp_config['transformer_layer_cls_to_wrap'] to its layer class)")
+        device = "cuda" if self.args.device.type == "cuda" else "cpu"
+        mesh = init_device_mesh(device, (self._autosp_world,))
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # FSDP2: the full state dict, gathered on every rank (a collective: save_model calls
+        # _save on every rank), saved by the writer as the user's model (from_pretrained loads it).
+        if state_dict is None and self._autosp_fsdp is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            state_dict = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                                   cpu_offload=True))
+        super()._save(output_dir, state_dict=state_dict)
+
+    def _autosp_optimizer(self):
+        return getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper -> torch's
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # FSDP2: the full optimizer state (a collective), so that a checkpoint resumes at any world size.
+        if self._autosp_fsdp is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+        state = get_optimizer_state_dict(self.model, self._autosp_optimizer(),
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.args.should_save:
+            torch.save(state, os.path.join(output_dir, OPTIMIZER_NAME))
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if self._autosp_fsdp is None or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+        path = os.path.join(checkpoint, OPTIMIZER_NAME)
+        if not os.path.isfile(path):
+            return
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(self.model, self._autosp_optimizer(), optim_state_dict=state,
+                                 options=StateDictOptions(full_state_dict=True))
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # FSDP2: the saved full weights into each rank's shards.
+        if self._autosp_fsdp is None or (model is not None and model is not self.model):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        import json
+
+        import safetensors.torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+        index = os.path.join(resume_from_checkpoint, SAFE_WEIGHTS_INDEX_NAME)
+        if os.path.isfile(index):
+            with open(index) as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            names = [SAFE_WEIGHTS_NAME]
+        files = [os.path.join(resume_from_checkpoint, name) for name in names]
+        if not all(os.path.isfile(f) for f in files):
+            raise AutospError(f"no safetensors weights in {resume_from_checkpoint} (autosp.hf's FSDP2 checkpoints "
+                              "hold model.safetensors)")
+        state = {}
+        for f in files:
+            state.update(safetensors.torch.load_file(f))
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
     # ------------------------------------------------------------------ the accelerator's data path
     def create_accelerator_and_postprocess(self) -> None:
@@ -332,8 +448,10 @@ class _SequenceParallelMixin(_TrainerBase):
         """The wrapper of the current ``self.model`` (built once per model, on every rank)."""
         wrapper = self._autosp_wrapper
         if wrapper is None or wrapper.model is not self.model:
+            acc = self.accelerator
             wrapper = SequenceParallelModel(self.model, self._autosp_sp, self._autosp_options,
-                                            temperature=float(getattr(self.args, "temperature", 1.0) or 1.0))
+                                            temperature=float(getattr(self.args, "temperature", 1.0) or 1.0),
+                                            autocast=acc.autocast if acc.native_amp else None)
             self._autosp_wrapper = wrapper
         return wrapper
 
@@ -367,6 +485,37 @@ class _SequenceParallelMixin(_TrainerBase):
     def floating_point_ops(self, inputs) -> int:
         # Each rank of an SP group does 1/sp_size of its batch's work.
         return super().floating_point_ops(inputs) // self._autosp_sp
+
+
+def _take_fsdp_request(args) -> dict | None:
+    """The FSDP2 plugin arguments that ``args`` asks for (None: no FSDP), after refusing what
+    autosp's FSDP2 runtime cannot honour; ``args.fsdp`` is then switched off, so that accelerate
+    neither drops the plugin (CPU) nor wraps the model itself (GPU)."""
+    if args is None or not getattr(args, "fsdp", None) or getattr(args, "fsdp_plugin_args", None) is None:
+        return None
+    plugin = dict(args.fsdp_plugin_args)
+    refuse = []
+    if plugin.get("fsdp_version", 2) != 2:
+        refuse.append(f"fsdp_version {plugin.get('fsdp_version')} (autosp composes with FSDP2: "
+                      "fsdp_config={'version': 2})")
+    if plugin.get("reshard_after_forward", True) is not True:
+        refuse.append("reshard_after_forward=False / shard_grad_op (autosp's program reshards each layer after its "
+                      "forward: full_shard)")
+    if plugin.get("cpu_offload"):
+        refuse.append("cpu_offload / offload (FSDP2's CPUOffloadPolicy is not supported by autosp's runtime)")
+    if plugin.get("auto_wrap_policy") not in (None, "TRANSFORMER_BASED_WRAP", "NO_WRAP"):
+        refuse.append(f"auto_wrap_policy={plugin.get('auto_wrap_policy')} (autosp.hf wraps the transformer layers: "
+                      "TRANSFORMER_BASED_WRAP)")
+    if plugin.get("state_dict_type", "FULL_STATE_DICT") != "FULL_STATE_DICT":
+        refuse.append(f"state_dict_type={plugin.get('state_dict_type')} (autosp.hf saves the full state dict)")
+    if plugin.get("activation_checkpointing"):
+        refuse.append("fsdp_config['activation_checkpointing'] (pass activation_checkpointing=True: autosp's "
+                      "checkpointing)")
+    if refuse:
+        raise AutospError(f"autosp.hf.Trainer cannot run FSDP with {refuse[0]}")
+    args.fsdp = False
+    args.fsdp_plugin_args = None
+    return plugin
 
 
 def _all_gather_rows(t, group, replicas: int):
