@@ -234,8 +234,10 @@ class AutospModule(torch.nn.Module):
 
     def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
         modes = self._modes()
-        key: tuple = (self._signature(leaves, spec), modes, autocast_state())  # exported under it (importer)
-        key = (*key, request_key(self.module))  # the modules' checkpointing switches (module_checkpointing)
+        # What else selects the program: the autocast it is exported under (importer), the
+        # modules' checkpointing switches (module_checkpointing).
+        state = (autocast_state(), request_key(self.module))
+        key: tuple = (self._signature(leaves, spec), modes, *state)
         program = self._programs.get(key)
         if program is not None and not _fits(program, leaves):
             # an inferred sequence dim the export left static: that size is part of the key
@@ -244,7 +246,7 @@ class AutospModule(torch.nn.Module):
         # The ranks agree on the call before its first collective: on every call, or (with
         # check_inputs=False) when a signature first compiles.
         if check or program is None:
-            self._check_ranks_agree(leaves, spec, modes)
+            self._check_ranks_agree(leaves, spec, modes, state=state)
         self._check_call(leaves)  # after the ranks agree: every rank raises it, or none
         if program is None:
             program = self._compile(args, kwargs)
@@ -278,15 +280,15 @@ class AutospModule(torch.nn.Module):
                         "shifted labels (S - 1 positions) must not be one either")
                 return
 
-    def _check_ranks_agree(self, leaves, spec, modes: tuple = ()) -> None:
+    def _check_ranks_agree(self, leaves, spec, modes: tuple = (), state: tuple = ()) -> None:
         """Every rank of the group must pass the same full-sequence inputs, in the same
-        train/eval mode: :func:`autosp.inputs.check_inputs_agree` (one small all-gather,
+        train/eval mode and program ``state``: :func:`autosp.inputs.check_inputs_agree` (one small all-gather,
         under the process group's timeout) names the first argument, dimension or
         contents that differ, with each rank's value."""
         if self.sp_group is None or collectives.simulating() or not dist.is_initialized():
             return
         check_inputs_agree(leaves, spec, input_paths(spec, leaves), self.sp_group, modes=modes,
-                           seq_dim=self.seq_dim)
+                           seq_dim=self.seq_dim, state=state)
 
     def _compile(self, args, kwargs) -> CompiledProgram:
         """Transform on the group's first rank and send the program to the others (it is

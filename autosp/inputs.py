@@ -87,17 +87,20 @@ def _device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def check_inputs_agree(leaves, spec, paths: list[str], group, modes: tuple = (), seq_dim: int | None = None) -> None:
+def check_inputs_agree(leaves, spec, paths: list[str], group, modes: tuple = (), seq_dim: int | None = None,
+                       state: tuple = ()) -> None:
     """Raise :class:`AutospError` on every rank of ``group`` unless all its ranks pass the
     same call: structure ``spec``, the same non-tensor ``leaves``, tensor leaves of the same
-    dtype, sizes and contents, and the same module ``modes`` (``training`` flags). One
+    dtype, sizes and contents, the same module ``modes`` (``training`` flags) and the same
+    program ``state`` (what else selects the program: autocast, the modules' checkpointing
+    switches; ranks running different programs would exchange messages that do not match). One
     all-gather of ``4 + 3`` int64 per rank when they agree (see the module docstring);
     under the process group's timeout."""
     tensors = [(p, t) for p, t in zip(paths, leaves) if isinstance(t, torch.Tensor)]
     others = [(p, repr(x)) for p, x in zip(paths, leaves) if not isinstance(x, torch.Tensor)]
     device = _device(group)
     sizes = [(p, str(t.dtype), tuple(t.shape)) for p, t in tensors]
-    header = torch.tensor([len(tensors), _crc((spec, others)), _crc(modes), _crc(sizes)], dtype=torch.int64,
+    header = torch.tensor([len(tensors), _crc((spec, others)), _crc((modes, state)), _crc(sizes)], dtype=torch.int64,
                           device=device)
     prints = [fingerprint(t).to(device) for _, t in tensors]
     content = torch.zeros(_CONTENT, dtype=torch.int64, device=device)
@@ -111,7 +114,7 @@ def check_inputs_agree(leaves, spec, paths: list[str], group, modes: tuple = (),
     if all(row == rows[0] for row in rows):
         return
     # Some rank differs: every rank knows it (the same table), so all take this path.
-    record = {"spec": repr(spec), "others": others, "modes": list(modes), "sizes": sizes,
+    record = {"spec": repr(spec), "others": others, "modes": list(modes), "state": repr(state), "sizes": sizes,
               "prints": [fp.tolist() for fp in prints],
               "heads": [_head(t) for _, t in tensors]}
     records: list = [None] * len(ranks)
@@ -135,6 +138,9 @@ def describe_difference(records: list[dict], ranks: list[int], seq_dim: int | No
     if any(r["modes"] != first["modes"] for r in records):
         flags = [("train" if all(r["modes"]) else "eval" if not any(r["modes"]) else "mixed") for r in records]
         return fail("the module's train/eval mode", flags)
+    if any(r.get("state") != first.get("state") for r in records):
+        return fail("the program's state (autocast, or the modules' checkpointing switches)",
+                    [r.get("state") for r in records])
     names = [[p for p, *_ in r["sizes"]] + [p for p, _ in r["others"]] for r in records]
     if any(n != names[0] for n in names) or any(r["spec"] != first["spec"] for r in records):
         return fail("the call's arguments", [", ".join(n) or "none" for n in names])

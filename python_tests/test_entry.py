@@ -92,6 +92,9 @@ def _disagree_body(rank, world, queue, seed):
     sp.train(rank == 0)
     result["modes"] = _attempt(lambda: sp(same, labels=same))
     sp.train()
+    # One rank under autocast: another program (bf16 messages), refused before any collective.
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=rank == 0):
+        result["autocast"] = _attempt(lambda: sp(same, labels=same))
     result["after_all"] = parity(reference, sp, same, labels=same).max_error
     # The opt-out: check_inputs=False trusts the caller, and a chimera of the two batches
     # trains (the negative control: the check above is what catches it).
@@ -117,6 +120,7 @@ def test_ranks_that_disagree_get_one_error_each_call_and_the_module_stays_usable
         assert "args[0] dim 1 (the sequence) differs" in message and "rank 0: 16, rank 1: 15" in message, message
         assert "the contents of args[0]" in r["sampler"][0], r["sampler"][0]
         assert "the module's train/eval mode differs" in r["modes"][0] and "rank 1: eval" in r["modes"][0]
+        assert "the program's state (autocast" in r["autocast"][0] and "bfloat16" in r["autocast"][0], r["autocast"]
         assert r["after_contents"] <= TOL and r["after_all"] <= TOL, "the module must stay usable"
         assert r["chimera_grad_error"] > 0.1, "without the check, different batches must train wrong"
 
