@@ -34,6 +34,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autosp.driver import CHECKPOINTING, emit_program, module_layout, transform
+from autosp.frontend.importer import autocast_off
 from autosp.planning.memory import MiB, PeakTracker, SavedTensors
 from autosp.runtime import collectives, kernels
 
@@ -230,7 +231,10 @@ class MemoryModel:
         hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.set_aside_tensor(p.grad))
                  for p in params if p.requires_grad]
         try:
-            with collectives.simulate(self.sp_size, rank, self.layout), kernels.target(self.device), tracker, \
+            # autocast off: the program's casts are its own ops, exported under the caller's
+            # autocast (autosp.compile with memory_budget plans inside the user's call).
+            with autocast_off(), collectives.simulate(self.sp_size, rank, self.layout), \
+                    kernels.target(self.device), tracker, \
                     (watch(rank) if watch is not None else contextlib.nullcontext()):
                 with SavedTensors(list(self.model.parameters())) as saved:
                     loss = _loss_of(self.program(self.model, leaves))
