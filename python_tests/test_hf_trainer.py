@@ -722,3 +722,54 @@ def test_trl_sft_fsdp2_bf16_checkpointing(tmp_path):
         assert r["programs"] == 1
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(root / "final"))
     assert all(torch.equal(p, results[0]["params"][n]) for n, p in loaded.named_parameters())
+
+
+def _ram_efficient_body(rank, world, queue, root, efficient):
+    """from_pretrained as under `accelerate launch` with FSDP and cpu_ram_efficient_loading, the
+    weights of every rank but the first then overwritten (only the first rank's count: older
+    transformers leave the others unread), then autosp.hf.Trainer's FSDP2: each rank's shards."""
+    with _torchrun_env(rank, world):
+        import autosp.hf
+        config = {"fsdp_version": 2, "cpu_ram_efficient_loading": efficient}
+        saved = {k: os.environ.get(k) for k in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")}
+        try:
+            args = _args(os.path.join(root, f"out{int(efficient)}"), **dict(FSDP, fsdp_config=config))
+            os.environ["ACCELERATE_USE_FSDP"] = "true"  # what `accelerate launch --use_fsdp` sets
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"  # (both runs load the efficient way)
+            model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(root, "saved"))
+            os.environ.pop("ACCELERATE_USE_FSDP")
+            if rank != 0:  # transformers 5.24 reads every rank's weights all the same: as if it had not
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.normal_()
+            trainer = autosp.hf.Trainer(model=model, args=args, train_dataset=_dataset(), sp_size=2)
+            params = _full_params(trainer.model)
+            buffers = {n: b.clone() for n, b in trainer.model.named_buffers()}
+            trainer.train()
+            queue.put((rank, {"params": params, "buffers": buffers, "losses": _losses(trainer)}))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def test_fsdp_cpu_ram_efficient_loading_fills_every_ranks_shards(reference, tmp_path):
+    """fsdp_config cpu_ram_efficient_loading under autosp.hf.Trainer, as accelerate runs it: only
+    rank 0's weights count (the others go to the meta device before sharding, freeing their
+    copies); after the Trainer's FSDP2 every rank's shards hold the saved weights (the rotary
+    buffers too) and training matches one process. Control: without the option, rank 1's
+    shards keep its own (wrong) weights."""
+    model = _model()
+    model.save_pretrained(str(tmp_path / "saved"))
+    expected = dict(model.named_parameters())
+    for efficient in (True, False):
+        results = run_ranks(_ram_efficient_body, world_size=2, args=(str(tmp_path), efficient), timeout=300,
+                            collective_timeout=TIMEOUT)
+        for rank, r in results.items():
+            same = all(torch.equal(p, expected[n]) for n, p in r["params"].items())
+            assert same == efficient, (efficient, rank)
+            if efficient:
+                assert all(torch.equal(b, dict(model.named_buffers())[n]) for n, b in r["buffers"].items())
+                assert _rel(r["losses"], reference[2]["losses"]) <= LOSS_TOL, r["losses"]

@@ -321,9 +321,28 @@ class _SequenceParallelMixin(_TrainerBase):
                               "fsdp_config['transformer_layer_cls_to_wrap'] to its layer class)")
         device = "cuda" if self.args.device.type == "cuda" else "cpu"
         mesh = init_device_mesh(device, (self._autosp_world,))
+        efficient = bool(plugin.get("cpu_ram_efficient_loading"))
+        if efficient:
+            # accelerate's memory-efficient loading: only the first rank loaded the weights
+            # (from_pretrained leaves the others unfilled); the others keep shapes only, and
+            # each rank's shards are filled from the first rank's tensors, one at a time.
+            non_persistent = {name: b.detach().clone() for name, b in _non_persistent_buffers(model)}
+            full = model.state_dict() if dist.get_rank() == 0 else {}
+            model.to(torch.device("meta"))
+            if hasattr(model, "tie_weights"):
+                model.tie_weights()
         for layer in layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if efficient:
+            from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+            fsdp2_load_full_state_dict(self.accelerator, model, full)
+            for name, value in non_persistent.items():  # (not in a state dict: each rank's own values)
+                owner, _, leaf = name.rpartition(".")
+                model.get_submodule(owner).register_buffer(leaf, value.to(self.args.device), persistent=False)
+            if hasattr(model, "tie_weights"):
+                model.tie_weights()
+            del full
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         # FSDP2: the full state dict, gathered on every rank (a collective: save_model calls
@@ -485,6 +504,14 @@ class _SequenceParallelMixin(_TrainerBase):
     def floating_point_ops(self, inputs) -> int:
         # Each rank of an SP group does 1/sp_size of its batch's work.
         return super().floating_point_ops(inputs) // self._autosp_sp
+
+
+def _non_persistent_buffers(model: torch.nn.Module):
+    """(name, buffer) of the buffers left out of ``model``'s state dict (``persistent=False``)."""
+    for owner, module in model.named_modules():
+        for leaf, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and leaf in module._non_persistent_buffers_set:
+                yield (f"{owner}.{leaf}" if owner else leaf), buffer
 
 
 def _take_fsdp_request(args) -> dict | None:
