@@ -2,6 +2,7 @@
 
     python bench/max_context.py [--budget-gib 80] [--sp 8] [--models 8b 1b]
     python bench/max_context.py --mechanisms [--device cpu cuda]    # 8B: 8 x 80 GiB and 1 x 141 GiB
+    python bench/max_context.py --mechanisms --model bench/configs/llama-3-70b.json --world 32 64
 
 ``--mechanisms``: Llama-3-8B's max context with each mechanism of ``memory_budget`` (full
 recompute with 64 tiles of the token-wise blocks and the tiled loss; then every layer's
@@ -10,6 +11,15 @@ input offloaded), on 8 GPUs of 80 GiB (SP 8, FSDP2 over 8, AdamW) and on one GPU
 (``cpu``: the fused CPU kernel on meta, today's figures; ``cuda``: CUDA's kernels through
 the fake-CUDA path, :func:`autosp.runtime.kernels.target`), side by side in one run. Every
 figure names the kernel set it was costed on; none was run on a GPU.
+
+``--mechanisms --model CONFIG --world N...``: a Hugging Face config (Llama-3-70B), costed on
+CUDA's kernels as ``autosp-plan`` costs it (the trainer's ``position_ids`` call, the mesh
+``auto`` chooses at 8 ranks per node, FSDP2 over every rank, the logits dropped), its 80
+layers put together from shallow copies of 4 and 5 layers
+(:func:`autosp.planning.depth.compose`, as the ``memory_budget`` planner does): per rank,
+parameters and optimizer state / N plus the step's peak (gradients counted where they are
+live), for: full recompute (64 tiles, tiled loss); + every layer's input offloaded; +
+HostAdamW (fp32 masters and moments on the host, as ALST's ZeRO-3 optimizer offload).
 
 ``autosp.max_context`` searches the longest sequence whose training step fits the
 budget per rank, from the memory model (the compiled program run on meta tensors as
@@ -73,6 +83,60 @@ def mechanisms(devices) -> str:
     return "\n".join(rows)
 
 
+MECHANISMS_70B = (("full recompute, 64 tiles, tiled loss, logits dropped", "full", "adamw"),
+                  ("+ offload of every layer's input", "full+offload", "adamw"),
+                  ("+ HostAdamW (optimizer state on the host)", "full+offload", "host-adamw"))
+
+
+def composed_mechanisms(config_path: str, worlds, gib: float, granule: int) -> str:
+    """The per-mechanism max-context table of a Hugging Face config (module docstring)."""
+    from dataclasses import replace
+
+    from autosp.driver import transform
+    from autosp.planning.depth import TAIL, compose, repeated_layers, with_depth
+    from autosp.planning.estimate import meta_model, model_state
+    from autosp.planning.fake_cuda import trainer_call
+    from autosp.planning.plan import MemoryPlan
+    from autosp.runtime import collectives
+    from autosp.tools.plan import load_config
+    meta = meta_model(load_config(config_path), torch.bfloat16)
+    path, n_layers = repeated_layers(meta)
+    rows = ["| setup | mechanism | max context (cuda kernels) | GiB/rank at the limit: state + step peak | seconds |",
+            "|---|---|---|---|---|"]
+    for world in worlds:
+        mesh = {"strategy": "auto", "ranks_per_node": min(world, 8), "seq_len": 4 << 20}
+        example = torch.zeros(1, max(16, 4 * world), dtype=torch.long, device="meta")
+        kwargs = {"labels": example, "use_cache": False, **trainer_call("position_ids", example)}
+        for name, choice, optimizer in MECHANISMS_70B:
+            start = time.perf_counter()
+            plan = MemoryPlan(layers=(choice,) * n_layers, tiles=64, loss_chunk=4096, drop_logits=True)
+            param, _, opt = model_state(meta, torch.bfloat16, optimizer)
+            state = param // world + opt // world
+            models = {}
+            for depth in (TAIL, TAIL + 1):
+                shallow = with_depth(meta, path, depth)
+                p = replace(plan, layers=(choice,) * depth)
+                with collectives.simulate(world, 0):
+                    t = transform(shallow, (example,), kwargs, sp_size=world, plan=p, mesh=mesh)
+                models[depth] = MemoryModel(shallow, world, torch.bfloat16, plan=p, fsdp=world, optimizer=optimizer,
+                                            rank=world - 1, inputs=lambda ids: trainer_call("position_ids", ids),
+                                            mesh=mesh, transformed=t, device="cuda")
+
+            def total(seq: int, models=models, state=state, plan=plan) -> int:
+                return state + compose(plan.layers, lambda layers: models[len(layers)].estimate(seq).peak_bytes)
+
+            def fits(n: int, total=total, tag=f"{world} x {gib:g} GiB {name}") -> bool:
+                t = total(n * granule)
+                print(f"    {tag}: S={n * granule / (1 << 20):.2f}M {t / GiB:.1f} GiB", flush=True)
+                return t <= gib * GiB
+            found = longest_fit(fits, granule, start=4)
+            at = total(max(found, granule))
+            rows.append(f"| {world} x {gib:g} GiB | {name} | {found / (1 << 20):.2f}M | {state / GiB:.1f} + "
+                        f"{(at - state) / GiB:.1f} | {time.perf_counter() - start:.0f} |")
+            print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mechanisms", action="store_true", help="the 8B per-mechanism table (module docstring)")
@@ -83,7 +147,20 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(CHECKPOINTING), choices=CHECKPOINTING)
     parser.add_argument("--granularity", type=int, default=8192)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--model", default=None, help="with --mechanisms: a Hugging Face config.json (e.g. 70B)")
+    parser.add_argument("--world", nargs="+", type=int, default=[32, 64], help="with --model: ranks (SP = FSDP)")
+    parser.add_argument("--granule", type=int, default=1 << 19, help="with --model: the search's step in tokens")
     args = parser.parse_args()
+    if args.mechanisms and args.model:
+        table = composed_mechanisms(args.model, args.world, args.budget_gib, args.granule)
+        if not args.no_write:
+            append_section(f"{Path(args.model).stem} max context per mechanism",
+                           "costed (fake-CUDA/meta), not GPU-measured: the memory model on CUDA's kernels' meta "
+                           "implementations, bf16, batch 1, the last rank, the position_ids call, mesh auto at 8 "
+                           "ranks per node, FSDP2 over every rank, 80 layers composed from shallow copies; "
+                           f"`python bench/max_context.py --mechanisms --model {args.model} --world "
+                           f"{' '.join(map(str, args.world))}`", table)
+        return
     if args.mechanisms:
         table = mechanisms(args.device)
         if not args.no_write:

@@ -5,9 +5,14 @@ by the op that created it, the line of the compiled program that ran it and its 
 
     python bench/peak_breakdown.py --seq 4194304 --sp 8 --fsdp 8 --layers 2 \
         --plan full --tiles 16 --loss-chunk 4096
+    python bench/peak_breakdown.py --model bench/configs/llama-3-70b.json --seq 4194304 --sp 32 \
+        --fsdp 32 --layers 4 --plan full+offload --tiles 64 --device cuda --optimizer host-adamw
 
-``--layers`` shrinks the 8B preset to that many layers (the step's structure, and so what
-is live at the peak, repeats per layer); ``--plan`` is each layer's checkpointing choice.
+``--layers`` shrinks the model (``--model``: the 8B preset, another preset, or a Hugging Face
+``config.json`` / model directory as ``autosp-plan`` reads it, called as a trainer calls it:
+``--call``) to that many layers (the step's structure, and so what is live at the peak,
+repeats per layer); ``--plan`` is each layer's checkpointing choice; ``--device`` the kernels
+the step is costed on (``cuda``: CUDA's kernels' meta implementations, as ``autosp-plan``).
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ class BlameTracker(PeakTracker):
 
     def __init__(self):
         super().__init__()
-        self.origin: dict[int, tuple] = {}
+        self.blame: dict[int, tuple] = {}
         self.at_peak: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -57,47 +62,61 @@ class BlameTracker(PeakTracker):
                 key = _storage_key(t)
                 if key in self.live and key not in before:
                     SAVED.discard(key)  # a new storage at a freed one's address
-                    self.origin[key] = (phase, str(func), tuple(t.shape), str(t.dtype).replace("torch.", ""),
+                    self.blame[key] = (phase, str(func), tuple(t.shape), str(t.dtype).replace("torch.", ""),
                                         _program_line())
         if self.peak_bytes > peak:
-            self.at_peak = [(self.origin.get(k, ("?",) * 5), n, k in self.set_aside, k in SAVED)
+            self.at_peak = [(self.blame.get(k, ("?",) * 5), n, k in self.set_aside, k in SAVED)
                             for k, (_, n) in self.live.items()]
             self.peak_phase = (phase, str(func))
         return out
 
 
-def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top):
+def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top, model_spec="8b",
+              device="cpu", call="position_ids"):
     import autosp.planning.estimate as estimate
     from autosp.models import LLAMA_PRESETS, LlamaConfig
     from autosp.planning.estimate import GiB, MemoryModel
     from autosp.planning.plan import MemoryPlan
-    config = LlamaConfig(**{**LLAMA_PRESETS["8b"], "layers": layers})
+    inputs = None
+    if model_spec in LLAMA_PRESETS:
+        config = LlamaConfig(**{**LLAMA_PRESETS[model_spec], "layers": layers})
+    else:  # a Hugging Face config, called as autosp-plan calls it
+        from autosp.planning.fake_cuda import trainer_call
+        from autosp.tools.plan import load_config
+        config = load_config(model_spec)
+        config.num_hidden_layers = layers
+        inputs = (lambda ids: trainer_call(call, ids))
     plan = MemoryPlan(layers=(plan_mode,) * layers, tiles=tiles, loss_chunk=loss_chunk, drop_logits=True)
     model = MemoryModel(config, sp_size=sp, dtype=torch.bfloat16, fsdp=fsdp, plan=plan, optimizer=optimizer,
-                        rank=rank)
+                        rank=rank, inputs=inputs, device=device, mesh={"strategy": "auto", "seq_len": seq, "ranks_per_node": min(sp, 8)})
     trackers = []
-    original = estimate.PeakTracker
+    originals = estimate.PeakTracker, estimate.SavedTensors
 
     def make():
         trackers.append(BlameTracker())
         return trackers[-1]
 
-    def pack(t):
-        SAVED.add(_storage_key(t))
-        return t
-    estimate.PeakTracker = make
+    class Saved(estimate.SavedTensors):
+        """The forward's saved tensors, as the memory model counts them. (Not an outer
+        saved_tensors_hooks around the whole step: in backward, where the recomputation runs,
+        a hook that returns the tensor keeps the recomputed outputs alive, 2 GiB per layer at
+        70B / 4M / 32, which the step without it releases.)"""
+
+        def _pack(self, t):
+            SAVED.add(_storage_key(t))
+            return super()._pack(t)
+    estimate.PeakTracker, estimate.SavedTensors = make, Saved
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # (inner hooks take precedence)
-            est = model.estimate(seq)
+        est = model.estimate(seq)
     finally:
-        estimate.PeakTracker = original
+        estimate.PeakTracker, estimate.SavedTensors = originals
     t = trackers[-1]
     groups: dict = collections.defaultdict(lambda: [0, 0])
     for origin, n, aside, kept in t.at_peak:
         g = groups[origin + (aside, kept)]
         g[0] += n
         g[1] += 1
-    print(f"8B shape, {layers} layers, S={seq}, SP={sp}, FSDP={fsdp}, plan {plan_mode} tiles {tiles} "
+    print(f"{model_spec} shape, {layers} layers, S={seq}, SP={sp}, FSDP={fsdp}, plan {plan_mode} tiles {tiles} "
           f"loss chunk {loss_chunk}: activation peak {est.activation_peak_bytes / GiB:.2f} GiB "
           f"(state {est.state_bytes() / GiB:.2f} GiB), peak at {t.peak_phase}")
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
@@ -121,5 +140,9 @@ if __name__ == "__main__":
     p.add_argument("--optimizer", default="adamw")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--model", default="8b", help="a preset, or a Hugging Face config.json / model directory")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the kernels the step is costed on")
+    p.add_argument("--call", default="position_ids", help="the call, for a Hugging Face config (autosp-plan --call)")
     a = p.parse_args()
-    breakdown(a.seq, a.sp, a.fsdp, a.layers, a.plan, a.tiles, a.loss_chunk, a.optimizer, a.rank, a.top)
+    breakdown(a.seq, a.sp, a.fsdp, a.layers, a.plan, a.tiles, a.loss_chunk, a.optimizer, a.rank, a.top,
+              a.model, a.device, a.call)

@@ -19,7 +19,8 @@ model.
 
 :func:`repeated_layers` finds the repeated layers (or says why a model has none: then the
 planner estimates the whole model), :func:`with_depth` makes the shallow copy (on meta:
-no data), :func:`compose` puts a plan together. ``python_tests/test_memory_budget.py``
+no data), :func:`compose` puts a plan together (:func:`compose_counts`: every additive
+figure of a step at once, as ``autosp-plan``'s report does). ``python_tests/test_memory_budget.py``
 holds the composed estimate within 2% of the whole model's.
 
 Example::
@@ -128,3 +129,25 @@ def compose(layers: tuple[str, ...], peak) -> int:
         if n > k:
             value += (n - k) * (peak(shallow_plan(layers, longer=i)[0]) - peak(base))
     return value
+
+
+def compose_counts(layers: tuple[str, ...], counts) -> dict:
+    """:func:`compose` for every additive figure at once: ``counts(shallow layers)`` returns
+    a dict of numbers (bytes, kernel calls, collective bytes); each key is put together as
+    :func:`compose` puts the peak together (a key missing from a dict counts 0). Each
+    shallow plan is counted once."""
+    cache: dict = {}
+
+    def get(shallow):
+        if shallow not in cache:
+            cache[shallow] = counts(shallow)
+        return cache[shallow]
+    base, runs = shallow_plan(layers)
+    first = get(base)
+    out = dict(first)
+    for i, (_, n, k) in enumerate(runs):
+        if n > k:
+            longer = get(shallow_plan(layers, longer=i)[0])
+            for key in set(first) | set(longer):
+                out[key] = out.get(key, 0) + (n - k) * (longer.get(key, 0) - first.get(key, 0))
+    return out

@@ -78,7 +78,9 @@ class PeakTracker(TorchDispatchMode):
         self.peak_contents: list[tuple[int, str]] = []
         self.peak_op = ""  # (contents=True) the op that set the peak
         self._ops = 0
-        self.external: set[int] = set()
+        # Storages that existed before (inputs, parameters), by key, while they live: a key
+        # whose storage was freed may be reused by a storage created here, which counts.
+        self.external: dict[int, StorageWeakRef] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
         self.set_aside: set[int] = set()  # live storages left out of peak_other_bytes
@@ -114,14 +116,23 @@ class PeakTracker(TorchDispatchMode):
             return False
         return found is not None
 
+    def _is_external(self, key: int) -> bool:
+        """Is ``key`` a live storage that existed before (not created here)? A freed one's
+        entry is dropped: its address may now hold a storage created here."""
+        found = self.external.get(key)
+        if found is not None and found.expired():
+            del self.external[key]
+            return False
+        return found is not None
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._ops += 1
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
-                if not self._known(key):
-                    self.external.add(key)
+                if not self._known(key) and not self._is_external(key):
+                    self.external[key] = StorageWeakRef(t.untyped_storage())
         if func is _RESIZE_STORAGE:  # a storage freed (or grown) in place, e.g. a released recomputed output
             key = _storage_key(args[0])
             out = func(*args, **kwargs)
@@ -137,7 +148,7 @@ class PeakTracker(TorchDispatchMode):
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
-                if not self._known(key) and key not in self.external:
+                if not self._known(key) and not self._is_external(key):
                     storage = t.untyped_storage()
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.live_bytes += storage.nbytes()

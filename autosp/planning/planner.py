@@ -75,8 +75,9 @@ class Planner:
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
                  verbose: bool = False, mesh: dict | None = None, device: str | None = None,
-                 whole: bool = False):
+                 whole: bool = False, drop_logits_hint: str = "drop_logits=True"):
         self.sp_size, self.fsdp, self.optimizer, self.verbose = sp_size, fsdp, optimizer, verbose
+        self.drop_logits_hint = drop_logits_hint  # how the caller says drop_logits (the CLI: --drop-logits)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         device_of = next((x.device for x in leaves if isinstance(x, torch.Tensor)), torch.device("cpu"))
         # The kernels the plan is costed on: the inputs' device unless given (autosp-plan: "cuda").
@@ -231,7 +232,7 @@ class Planner:
             f"{self.ladder()[-1]} with {TILES[-1]} tiles and the tiled loss still needs "
             f"{human_bytes(floor.peak_bytes)} of step peak plus {human_bytes(floor.state_bytes)} of parameters and "
             f"optimizer state" + ("" if self.drop_logits else
-                                  "; if the model returns its logits, drop_logits=True removes them"))
+                                  f"; if the model returns its logits, {self.drop_logits_hint} removes them"))
 
     def _log(self, found: Prediction) -> None:
         if self.verbose:
@@ -248,13 +249,17 @@ class Planner:
 
 def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int = 1, drop_logits: bool = False,
                 verbose: bool = False, fsdp: int = 1, optimizer: str = "adamw",
-                offload: bool | None = None, mesh: dict | None = None, device: str | None = None) -> MemoryPlan:
+                offload: bool | None = None, mesh: dict | None = None, device: str | None = None,
+                drop_logits_hint: str = "drop_logits=True") -> MemoryPlan:
     """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring);
     ``mesh``: the Ulysses x ring request (:func:`autosp.driver.mesh_options`' arguments);
     ``device``: whose kernels the candidates are costed on (``"cpu"`` or ``"cuda"``;
-    default: the inputs' device, so a CUDA job is planned on CUDA's kernels)."""
+    default: the inputs' device, so a CUDA job is planned on CUDA's kernels);
+    ``drop_logits_hint``: how the caller's user asks for ``drop_logits`` (named in the error
+    for a budget nothing fits; ``autosp-plan``: ``--drop-logits``)."""
     planner = Planner(model, args, kwargs, sp_size=sp_size, seq_dim=seq_dim, fsdp=fsdp, optimizer=optimizer,
-                      offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh, device=device)
+                      offload=offload, drop_logits=drop_logits, verbose=verbose, mesh=mesh, device=device,
+                      drop_logits_hint=drop_logits_hint)
     plan, found = planner.plan(budget)
     if verbose:
         print(f"[autosp] memory plan for S={planner.seq_len}, sp_size={sp_size}, budget {human_bytes(budget)} "
