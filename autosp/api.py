@@ -175,11 +175,13 @@ class AutospModule(torch.nn.Module):
         self.grad_sync = None
         self.mesh = None
         sharded = [(n, p) for n, p in model.named_parameters() if fsdp.is_sharded(p)]
-        for name, p in sharded:
-            try:
+        try:
+            for name, p in sharded:
                 fsdp.check_supported(name, p)
-            except ValueError as e:
-                raise AutospError(str(e)) from None
+            if sharded:
+                fsdp.check_policies(model)  # FSDP2 policies autosp does not honour, by name
+        except ValueError as e:
+            raise AutospError(str(e)) from None
         # Sharded parameters' gradients are summed over the whole FSDP mesh (every rank) by
         # a reduce-scatter: the SP sum, and the replicas' mean with this factor.
         self.shard_scale = self.sp_size / dist.get_world_size() if sharded else 1.0

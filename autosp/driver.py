@@ -209,6 +209,12 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
                               transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
                               sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
                               dropped_outputs=dropped_results(transformed.module))
+    if not simulated and any(fsdp.is_sharded(p) for p in params.values()):
+        # FSDP2's mixed precision: each group gathered in param_dtype, reduced in reduce_dtype
+        # (the simulated FSDP2 of the memory model sees no policy: it gathers in the parameters' dtype).
+        table = fsdp.precisions(model)
+        program.precisions = {i: table[a.name] for i, a in enumerate(transformed.args)
+                              if a.kind == "parameter" and a.name in table}
     if simulated:
         state = program.state_tensors(model)
         shards = fsdp.SimulatedUnsharder.local_shards([[state[i] for i in g] for g in unshard_groups],

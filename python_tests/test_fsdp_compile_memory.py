@@ -33,8 +33,8 @@ from autosp.runtime import collectives, fsdp
 
 layers, stand_in = int(sys.argv[1]), sys.argv[2]
 if stand_in == "whole":  # the previous version's stand-in: each shard's global shape, allocated
-    fsdp.stand_ins = lambda state: [torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device)
-                                    if fsdp.is_sharded(t) else t for t in state]
+    fsdp.stand_ins = lambda state, dtypes=None: [torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device)
+                                                 if fsdp.is_sharded(t) else t for t in state]
 
 
 class DeviceBytes(TorchDispatchMode):

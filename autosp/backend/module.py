@@ -39,6 +39,7 @@ class CompiledProgram:
     grad_buckets: list[list[int]] = field(default_factory=list)  # parameter argument indices per bucket
     sync_points_in_graph: bool = False  # the graph starts each bucket's all-reduce (grad_sync.sync_point)
     shard_scale: float = 1.0  # FSDP2 parameters: factor on their reduce-scattered gradients (1/dp)
+    precisions: dict = field(default_factory=dict)  # FSDP2 mixed precision: state index -> fsdp.Precision
     sharded_names: frozenset = frozenset()  # the parameters that were FSDP2 DTensors at compile time
     input_shapes: list | None = None  # each tensor input's compiled sizes, None at its dynamic dims
     unshard_groups: list[list[int]] = field(default_factory=list)  # state indices per unshard node, in call order
@@ -59,7 +60,8 @@ class CompiledProgram:
     def _gathered(self, state: list) -> list:
         """``state`` with each FSDP2 parameter all-gathered (reduce-scattered in backward)."""
         self._check_sharded(state)
-        return [fsdp.gather(t, self.shard_scale) if fsdp.is_sharded(t) else t for t in state]
+        return [fsdp.gather(t, self.shard_scale, self.precisions.get(i)) if fsdp.is_sharded(t) else t
+                for i, t in enumerate(state)]
 
     def _unsharder(self, state: list) -> tuple[list, fsdp.Unsharder]:
         """``state`` with each FSDP2 parameter's local shard, and the call's Unsharder
@@ -70,7 +72,8 @@ class CompiledProgram:
         else:
             self._check_sharded(state)
             unsharder = fsdp.Unsharder(groups, self.shard_scale, prefetch=self.prefetch,
-                                       order=self.unshard_order or None)
+                                       order=self.unshard_order or None,
+                                       precisions=[self.precisions.get(g[0]) for g in self.unshard_groups])
         state = list(state)
         for g, shards in zip(self.unshard_groups, unsharder.locals):
             for i, t in zip(g, shards):

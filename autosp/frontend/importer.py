@@ -240,7 +240,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     timings = {}
     start = time.perf_counter()
     names, kinds, state = model_state(model)
-    state = fsdp.stand_ins(state)  # FSDP2 shards: fakes of their global shape (no storage)
+    # FSDP2 shards: fakes of their global shape (no storage), at their mixed precision's param_dtype
+    state = fsdp.stand_ins(state, fsdp.compute_dtypes(model, names))
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     # torch.export's guards fail on some views (an internal AttributeError): export dense copies.
     leaves = [prepare_input(x) for x in leaves]

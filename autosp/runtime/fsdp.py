@@ -33,6 +33,20 @@ root's group and two layers' groups are unsharded at once. Scope: a 1-D FSDP mes
 the whole world, ``Shard(0)`` placements. Under a whole-graph ``torch.compile`` backend
 (no nodes of ours in the graph) every sharded parameter is gathered when the call starts
 (:func:`gather`).
+
+Mixed precision, as FSDP2's ``MixedPrecisionPolicy`` does it (per ``fully_shard``-ed
+module; policies may differ between modules). The program is the one FSDP2 eager runs:
+export traces each sharded parameter at its module's ``param_dtype`` (:func:`stand_ins`,
+from :func:`precisions`), and each ``fully_shard``-ed module's forward casts its floating
+inputs to ``param_dtype`` (``cast_forward_inputs``) and its floating outputs to
+``output_dtype``, FSDP2's own hooks replaced while tracing by hooks that do only these casts
+(:func:`hooks_detached`), so the casts are ops of the program. At run time the all-gather
+casts each fp32 shard to ``param_dtype`` first (it moves ``param_dtype`` bytes), and the
+backward casts the gradient to ``reduce_dtype`` (else it stays in ``param_dtype``, as
+FSDP2's) before the reduce-scatter, and the reduced rows to the shard's dtype: ``p.grad``
+is in the parameter's dtype (fp32 masters, fp32 gradients). Refused by name
+(:func:`check_policies`): ``CPUOffloadPolicy``. The memory model's simulated FSDP2
+(:class:`SimulatedUnsharder`) sees no policy: it gathers in the parameters' dtype.
 """
 from __future__ import annotations
 
@@ -40,6 +54,8 @@ import contextlib
 import math
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,47 +86,159 @@ def check_supported(name: str, p) -> None:
                          "autosp supports FSDP over the whole world (the default of fully_shard)")
 
 
-def stand_ins(state: list) -> list:
+@dataclass(frozen=True)
+class Precision:
+    """How FSDP2's ``MixedPrecisionPolicy`` moves one sharded parameter: unsharded (and
+    computed with) in ``param_dtype``, its gradient reduce-scattered in ``reduce_dtype``."""
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+
+
+def _fsdp_states(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, Any]]:
+    """(name, module, FSDP2 state) of each ``fully_shard``-ed module of ``model``."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+    except ImportError:
+        return
+    for name, module in model.named_modules():
+        state = _get_module_fsdp_state(module)
+        if state is not None:
+            yield name, module, state
+
+
+def _param_groups_of(state) -> list:
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+def precisions(model: torch.nn.Module) -> dict[str, Precision]:
+    """Each sharded parameter's :class:`Precision` under its ``fully_shard`` module's
+    ``mp_policy``, by name: FSDP2's rule (``FSDPParam.init_dtype_attrs``). ``param_dtype``
+    applies to floating parameters of another dtype; the gradient is reduced in
+    ``reduce_dtype``, else in the dtype it is computed in. Parameters no policy changes
+    are left out (gathered and reduced in their own dtype)."""
+    by_id = {}
+    for _, _, state in _fsdp_states(model):
+        for group in _param_groups_of(state):
+            policy = group.mp_policy
+            for fp in group.fsdp_params:
+                p = fp.sharded_param
+                param = policy.param_dtype if policy.param_dtype is not None and p.dtype.is_floating_point \
+                    else p.dtype
+                reduce = policy.reduce_dtype if policy.reduce_dtype is not None and p.dtype.is_floating_point \
+                    else param
+                if (param, reduce) != (p.dtype, p.dtype):
+                    by_id[id(p)] = Precision(param, reduce)
+    return {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
+
+
+def check_policies(model: torch.nn.Module) -> None:
+    """Raise ``ValueError`` naming the module for an FSDP2 policy autosp does not honour:
+    ``CPUOffloadPolicy`` (the shards and their gradients on the host, moved by FSDP2's
+    hooks, which a compiled program never calls)."""
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+    except ImportError:
+        return
+    for name, _, state in _fsdp_states(model):
+        for group in _param_groups_of(state):
+            if isinstance(group.offload_policy, CPUOffloadPolicy):
+                raise ValueError(f"fully_shard(..., offload_policy=CPUOffloadPolicy()) on module '{name or '<root>'}': "
+                                 "autosp does not offload FSDP2 shards to the host (the compiled program never "
+                                 "runs FSDP2's hooks that move them); use fully_shard without offload_policy")
+
+
+def stand_ins(state: list, dtypes: list | None = None) -> list:
     """What export traces in place of ``state``: each sharded parameter becomes a fake
     tensor (``FakeTensorMode``: shape, dtype and device, no storage) of its global shape on
-    its shard's device; other tensors are passed as they are (export fakifies its inputs
-    itself, without copying them). So compiling allocates nothing that grows with the
-    model: no rank ever holds a whole parameter at compile time (a 70B model's 140 GB in
-    bf16 would not fit any GPU). The program only needs shapes and dtypes; values are
-    never read."""
+    its shard's device, in ``dtypes[i]`` where given (its ``param_dtype``: the program
+    computes with the unsharded parameters FSDP2's mixed precision makes); other tensors are
+    passed as they are (export fakifies its inputs itself, without copying them). So
+    compiling allocates nothing that grows with the model: no rank ever holds a whole
+    parameter at compile time (a 70B model's 140 GB in bf16 would not fit any GPU). The
+    program only needs shapes and dtypes; values are never read."""
     if not any(is_sharded(t) for t in state):
         return list(state)
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     out = []
-    for t in state:
+    for i, t in enumerate(state):
         if is_sharded(t):
+            dtype = dtypes[i] if dtypes is not None and dtypes[i] is not None else t.dtype
             with mode:
-                t = torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device)
+                t = torch.empty(t.shape, dtype=dtype, device=t.to_local().device)
         out.append(t)
     return out
+
+
+def compute_dtypes(model: torch.nn.Module, names: list[str]) -> list:
+    """For :func:`stand_ins`: the ``param_dtype`` of each named parameter its policy casts
+    (None for the others)."""
+    table = precisions(model)
+    return [table[n].param_dtype if n in table else None for n in names]
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _wraps(fn, target) -> bool:
+    """Whether hook ``fn`` is ``target`` (a bound method) or wraps it (``functools.wraps``)."""
+    while fn is not None:
+        if fn == target:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def _cast_floating(dtype: torch.dtype, tree):
+    """``tree`` with each floating-point tensor cast to ``dtype`` (FSDP2's ``_cast_fp_tensor``)."""
+    from torch.utils import _pytree as pytree
+    return pytree.tree_map_only(torch.Tensor, lambda x: x.to(dtype) if x.is_floating_point() and x.dtype != dtype
+                                else x, tree)
 
 
 @contextlib.contextmanager
 def hooks_detached(model: torch.nn.Module) -> Iterator[None]:
     """FSDP2's forward hooks taken off ``model``'s modules while it is traced (they would
-    all-gather real shards inside torch.export), and put back as they were."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
-    except ImportError:
-        yield
-        return
+    all-gather real shards inside torch.export), and put back as they were. What they do
+    to the values is kept: a hook in the same place casts the module's floating inputs to
+    its ``param_dtype`` (``cast_forward_inputs``) and its floating outputs to
+    ``output_dtype``, as FSDP2's do, so those casts are traced into the program."""
     saved = []
-    for module in model.modules():
-        state = _get_module_fsdp_state(module)
-        if state is None:
-            continue
-        for hooks in (module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs, module._forward_hooks):
-            saved.append((hooks, dict(hooks)))
-        for handle in (state._pre_forward_hook_handle, state._post_forward_hook_handle):
-            module._forward_pre_hooks.pop(handle.id, None)
-            module._forward_pre_hooks_with_kwargs.pop(handle.id, None)
-            module._forward_hooks.pop(handle.id, None)
+    for _, module, state in _fsdp_states(model):
+        for attr in _HOOK_DICTS:
+            hooks = getattr(module, attr, None)
+            if hooks is not None:
+                saved.append((hooks, dict(hooks)))
+        policy = state._mp_policy
+        cast_in = policy.param_dtype if policy.cast_forward_inputs else None
+        cast_out = policy.output_dtype
+
+        def pre(module, args, kwargs, dtype=cast_in):
+            return _cast_floating(dtype, (args, kwargs)) if dtype is not None else (args, kwargs)
+
+        def post(module, args, output, dtype=cast_out):
+            return _cast_floating(dtype, output) if dtype is not None else output
+
+        for key, fn in list(module._forward_pre_hooks.items()):
+            if _wraps(fn, state._pre_forward):
+                if cast_in is not None:
+                    module._forward_pre_hooks[key] = pre  # same place, with kwargs, as FSDP2's
+                else:
+                    module._forward_pre_hooks.pop(key)
+                    module._forward_pre_hooks_with_kwargs.pop(key, None)
+        for key, fn in list(module._forward_hooks.items()):
+            if _wraps(fn, state._post_forward):
+                module._forward_hooks_with_kwargs.pop(key, None)  # (FSDP2's take none; ours neither)
+                if cast_out is not None:
+                    module._forward_hooks[key] = post
+                else:
+                    module._forward_hooks.pop(key)
+                    module._forward_hooks_always_called.pop(key, None)
     try:
         yield
     finally:
@@ -121,36 +249,39 @@ def hooks_detached(model: torch.nn.Module) -> Iterator[None]:
 
 class GatherShard(torch.autograd.Function):
     """``local`` (this rank's rows of a dim-0-sharded tensor of ``rows`` rows) -> the whole
-    tensor, by one all-gather over ``group``; backward: one reduce-scatter (sum) of the
-    gradient, times ``scale``, and this rank's rows of it."""
+    tensor in ``precision.param_dtype``, by one all-gather over ``group``; backward: one
+    reduce-scatter (sum, in ``precision.reduce_dtype``) of the gradient, times ``scale``,
+    and this rank's rows of it in ``local``'s dtype. ``precision`` None: ``local``'s dtype."""
 
     @staticmethod
-    def forward(ctx, local, rows: int, group, scale: float):
+    def forward(ctx, local, rows: int, group, scale: float, precision=None):
         n = dist.get_world_size(group)
         per = -(-rows // n)  # rows per rank, padded (torch.chunk's split, as FSDP2's)
         ctx.group, ctx.rows, ctx.per, ctx.local_rows, ctx.scale = group, rows, per, local.shape[0], scale
-        padded = local.new_zeros((per, *local.shape[1:]))
-        padded[: local.shape[0]] = local
-        full = local.new_empty((per * n, *local.shape[1:]))
+        ctx.dtype, ctx.reduce_dtype = local.dtype, precision.reduce_dtype if precision is not None else None
+        padded = local.new_zeros((per, *local.shape[1:]), dtype=precision.param_dtype if precision else None)
+        padded[: local.shape[0]] = local  # (cast to param_dtype before the all-gather, as FSDP2)
+        full = padded.new_empty((per * n, *local.shape[1:]))
         dist.all_gather_single(full, padded, group=group)
         return full[:rows]
 
     @staticmethod
     def backward(ctx, grad):
         n = dist.get_world_size(ctx.group)
-        padded = grad.new_zeros((ctx.per * n, *grad.shape[1:]))
+        padded = grad.new_zeros((ctx.per * n, *grad.shape[1:]), dtype=ctx.reduce_dtype)
         padded[: ctx.rows] = grad
-        mine = grad.new_empty((ctx.per, *grad.shape[1:]))
+        mine = padded.new_empty((ctx.per, *grad.shape[1:]))
         dist.reduce_scatter_single(mine, padded, group=ctx.group)
         if ctx.scale != 1.0:
             mine = mine * ctx.scale
-        return mine[: ctx.local_rows], None, None, None
+        return mine[: ctx.local_rows].to(ctx.dtype), None, None, None, None
 
 
-def gather(p, scale: float) -> torch.Tensor:
-    """The whole of sharded parameter ``p`` as a plain tensor whose gradient flows back to
-    ``p`` (a DTensor gradient with ``p``'s placements) through a reduce-scatter."""
-    return GatherShard.apply(p.to_local(), p.shape[0], p.device_mesh.get_group(), scale)
+def gather(p, scale: float, precision: Precision | None = None) -> torch.Tensor:
+    """The whole of sharded parameter ``p`` (in ``precision.param_dtype``) as a plain tensor
+    whose gradient flows back to ``p`` (a DTensor gradient with ``p``'s placements and
+    dtype) through a reduce-scatter (in ``precision.reduce_dtype``)."""
+    return GatherShard.apply(p.to_local(), p.shape[0], p.device_mesh.get_group(), scale, precision)
 
 
 # ---------------------------------------------------------------------------- per layer
@@ -204,15 +335,16 @@ class _Layout:
     """Where each parameter of a group sits in the group's flat all-gather buffer: every
     rank contributes ``per`` rows of each parameter (its shard, zero-padded)."""
 
-    def __init__(self, params: list, n: int):
+    def __init__(self, params: list, n: int, precision: Precision | None = None):
         self.rows = [p.shape[0] for p in params]
         self.rest = [tuple(p.shape[1:]) for p in params]
         self.per = [-(-r // n) for r in self.rows]  # torch.chunk's split, as FSDP2's
         self.sizes = [per * math.prod(rest) for per, rest in zip(self.per, self.rest)]
         self.offsets = [sum(self.sizes[:i]) for i in range(len(params))]
         self.total = sum(self.sizes)
-        self.dtype = params[0].dtype
-        self.bytes = self.total * n * params[0].element_size()
+        self.dtype = precision.param_dtype if precision is not None else params[0].dtype  # the gather's
+        self.reduce_dtype = precision.reduce_dtype if precision is not None else self.dtype
+        self.bytes = self.total * n * self.dtype.itemsize
 
 
 class _Token:
@@ -228,16 +360,20 @@ class Unsharder:
     """One compiled call's FSDP2 parameter groups (``groups``: DTensors per group, in the
     order the program first uses them): the gathers, prefetches and reduce-scatters of
     the module docstring. ``locals`` (the local shards, tagged for :func:`unshard`) is what
-    the call passes to the program in their place. ``log`` records each collective
+    the call passes to the program in their place. ``precisions``: per group, its
+    :class:`Precision` (FSDP2's mixed precision) or None. ``log`` records each collective
     (``("all_gather"|"reduce_scatter"|"use", "forward"|"backward", k)``, ``use``: the
-    group handed to its layer) and ``max_unsharded`` the most groups unsharded at once."""
+    group handed to its layer), ``traffic`` each collective's dtype and the bytes of its
+    whole buffer, every rank's rows (``(op, phase, k, dtype, bytes)``), and
+    ``max_unsharded`` the most groups unsharded at once."""
 
-    def __init__(self, groups: list[list], scale: float, prefetch: bool = True, order: list[int] | None = None):
+    def __init__(self, groups: list[list], scale: float, prefetch: bool = True, order: list[int] | None = None,
+                 precisions: list | None = None):
         self.group = groups[0][0].device_mesh.get_group()
         self._setup(groups, dist.get_world_size(self.group), [[p.to_local() for p in g] for g in groups],
-                    scale, prefetch, order)
+                    scale, prefetch, order, precisions)
 
-    def _setup(self, groups, n, shards, scale, prefetch, order) -> None:
+    def _setup(self, groups, n, shards, scale, prefetch, order, precisions=None) -> None:
         self.order = list(order) if order is not None else list(range(len(groups)))  # the program's call order
         self.taken: set[int] = set()
         self.n = n
@@ -246,7 +382,8 @@ class Unsharder:
         for k, shards in enumerate(self.locals):
             for t in shards:
                 setattr(t, _TAG, (self, k))
-        self.layouts = [_Layout(g, self.n) for g in groups]
+        precisions = precisions or [None] * len(groups)
+        self.layouts = [_Layout(g, self.n, pr) for g, pr in zip(groups, precisions)]
         self.pending: dict[tuple[str, int], tuple] = {}
         self.backward_roots: dict[int, list[torch.Tensor]] = {}
         self.forward_roots: dict[int, list] = {}  # weak references: alive while the graph holds them
@@ -254,6 +391,7 @@ class Unsharder:
         self.saved: dict[int, int] = {}  # tokens per group
         self.reduced: set[int] = set()
         self.log: list[tuple[str, str, int]] = []
+        self.traffic: list[tuple[str, str, int, torch.dtype, int]] = []
         self.max_unsharded = 0
 
     # ---------------------------------------------------------------- collectives
@@ -269,6 +407,7 @@ class Unsharder:
         work = self._all_gather(out, send)
         self.pending[(phase, k)] = (work, out)
         self.log.append(("all_gather", phase, k))
+        self.traffic.append(("all_gather", phase, k, out.dtype, out.numel() * out.element_size()))
 
     def _wait(self, k: int, phase: str) -> list[torch.Tensor]:
         """Group ``k``'s parameters, each as a whole padded tensor of its own (a root)."""
@@ -328,7 +467,7 @@ class Unsharder:
         lay, shards = self.layouts[k], self.locals[k]
         # Every rank joins (another rank may have gradients where this one has none), and
         # every shard gets its reduced rows: zeros here, the others' sum there.
-        send = torch.zeros((self.n, lay.total), dtype=lay.dtype, device=shards[0].device)
+        send = torch.zeros((self.n, lay.total), dtype=lay.reduce_dtype, device=shards[0].device)
         for g, off, per, size, rows in zip(grads, lay.offsets, lay.per, lay.sizes, lay.rows):
             if g is None:
                 continue
@@ -341,9 +480,11 @@ class Unsharder:
         mine = send.new_empty(lay.total)
         self._reduce_scatter(mine, send.view(-1))
         self.log.append(("reduce_scatter", "backward", k))
+        self.traffic.append(("reduce_scatter", "backward", k, send.dtype, send.numel() * send.element_size()))
         if self.scale != 1.0:
             mine.mul_(self.scale)
-        return [mine[off:off + size].view(per, *rest)[: t.shape[0]]
+        # In each shard's own dtype (fp32 masters get fp32 gradients), as FSDP2's.
+        return [mine[off:off + size].view(per, *rest)[: t.shape[0]].to(t.dtype)
                 for t, off, per, size, rest in zip(shards, lay.offsets, lay.per, lay.sizes, lay.rest)]
 
     def _all_gather(self, out: torch.Tensor, send: torch.Tensor):
