@@ -397,12 +397,12 @@ class _SequenceParallelMixin(_TrainerBase):
         else:
             names = [SAFE_WEIGHTS_NAME]
         files = [os.path.join(resume_from_checkpoint, name) for name in names]
-        if not all(os.path.isfile(f) for f in files):
+        if not all(os.path.isfile(path) for path in files):
             raise AutospError(f"no safetensors weights in {resume_from_checkpoint} (autosp.hf's FSDP2 checkpoints "
                               "hold model.safetensors)")
         state = {}
-        for f in files:
-            state.update(safetensors.torch.load_file(f))
+        for path in files:
+            state.update(safetensors.torch.load_file(path))
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
     # ------------------------------------------------------------------ the accelerator's data path
