@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-hf", metavar="DIR",
                    help="after the last step, save a Hugging Face checkpoint to DIR (config.json + model.safetensors, "
                         "loadable by from_pretrained; a preset as a LlamaForCausalLM), gathered one tensor at a time")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="with --model: its architecture (config.json) with fresh random weights, no checkpoint read "
+                        "(normal(0, 0.02) per shard, norms at one; not with --verify)")
     p.add_argument("--init-from", metavar="FILE",
                    help="start from a torch.save'd plain state_dict() of the unsharded model (works with --fsdp)")
     p.add_argument("--dry-run", action="store_true",
@@ -186,7 +189,9 @@ def train(args, ranks: Ranks, hooks: Hooks) -> str | None:
         print(f"{fsdp_text} | parameter bytes per rank {int(param_bytes)} ({param_bytes / 2**20:.2f} MiB; "
               f"unsharded {full_bytes / 2**20:.2f} MiB)", flush=True)
         part = "its own shards" if fsdp_text.startswith("FSDP on") else "the whole model (replicated)"
-        source = (f"read from {args.model}, each rank {part} (bytes read per rank "
+        source = (f"fresh random (--from-scratch, the architecture of {args.model}), each rank {part}"
+                  if args.from_scratch else
+                  f"read from {args.model}, each rank {part} (bytes read per rank "
                   f"{', '.join(str(int(n)) for n in read)})" if args.model
                   else f"the preset's initialisation (--seed), each rank {part}")
         print(f"weights: {source} in {t_load:.1f}s | {train_state.memory_label(device)} per rank after loading "

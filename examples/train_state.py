@@ -56,13 +56,20 @@ def check_options(args) -> None:
         if not os.path.isfile(os.path.join(args.model, "config.json")):
             raise UsageError(f"--model {args.model}: no config.json there (a local Hugging Face model directory "
                              "is expected)")
-        if not any(os.path.isfile(os.path.join(args.model, f))
-                   for f in ("model.safetensors", "model.safetensors.index.json")):
+        if not getattr(args, "from_scratch", False) and not any(
+                os.path.isfile(os.path.join(args.model, f)) for f in ("model.safetensors", "model.safetensors.index.json")):
             raise UsageError(f"--model {args.model}: no model.safetensors or model.safetensors.index.json there "
                              "(the weights are read by slice from safetensors files; convert a .bin checkpoint "
                              "with save_pretrained)")
     elif args.size is None:
         args.size = "tiny"
+    if getattr(args, "from_scratch", False):
+        if args.model is None:
+            raise UsageError("--from-scratch needs --model DIR (a preset is always built from its seeded "
+                             "initialisation)")
+        if getattr(args, "verify", False):
+            raise UsageError("--from-scratch with --verify: the single-device reference is loaded from the checkpoint; "
+                             "drop one of them")
     if args.save_every is not None:
         if args.save is None:
             raise UsageError("--save-every needs --save DIR")
@@ -259,10 +266,31 @@ def materialise(model: torch.nn.Module, args, device) -> int:
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
+        if args.model and getattr(args, "from_scratch", False):
+            init_from_scratch(model, args.seed)
+            return 0
         if args.model:
             return load_hf_weights(model, args.model)
         init_preset(model, args.seed)
         return 0
+
+
+def init_from_scratch(model: torch.nn.Module, seed: int) -> None:
+    """--from-scratch: each rank fills its own part of every parameter in place (no whole
+    tensor, no checkpoint): normal(0, 0.02) for matrices, one for vectors named like a norm's
+    weight, zero for other vectors (biases). Seeded per rank; not the weights one device
+    would draw (it trains a fresh model; --verify refuses it)."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    for name, p in model.named_parameters():
+        local, _ = local_part(p)
+        owner = name.rpartition(".")[0].rpartition(".")[2]  # the module's own name: "input_layernorm"
+        if local.dim() >= 2:
+            local.copy_(torch.empty(local.shape, dtype=torch.float32).normal_(std=0.02, generator=gen))
+        elif "norm" in owner:
+            local.fill_(1.0)
+        else:
+            local.zero_()
 
 
 def _aliases(model: torch.nn.Module) -> list[list[str]]:

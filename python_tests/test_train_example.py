@@ -655,3 +655,33 @@ def test_slices_read_from_safetensors_the_meta_built_model_and_missing_or_mismat
         a = model(ids, labels=ids)["loss"].item()
         b = hf(input_ids=ids, labels=ids).loss.item()
     assert _close(b, a), (a, b)
+
+
+def test_from_scratch_builds_the_architecture_with_fresh_weights_and_reads_nothing(tmp_path):
+    """--from-scratch (the same run without the checkpoint: the baseline of a run's memory)
+    builds --model's architecture on meta and fills it in place: no byte read (no weights
+    file needed), matrices normal(0, 0.02), norms at one. It needs --model and refuses
+    --verify (the reference would be the checkpoint's weights). Control: without it, the
+    directory's missing weights are an error."""
+    import argparse
+
+    import pytest
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    config.save_pretrained(tmp_path)  # config.json only
+    args = argparse.Namespace(model=str(tmp_path), size=None, layers=None, seq=32, seed=0, fsdp=False, gpu_gib=80.0,
+                              from_scratch=True, verify=False, save_every=None, save=None, resume=None,
+                              init_from=None, save_hf=None)
+    train_state.check_options(args)
+    model, _, _ = train_state.build_model(args, torch.float32)
+    _, n_read = train_state.place_model(model, args, torch.device("cpu"), 1)
+    assert n_read == 0 and not any(p.is_meta for p in model.parameters())
+    assert torch.equal(model.model.norm.weight, torch.ones(32))
+    assert abs(float(model.model.layers[0].mlp.up_proj.weight.detach().std()) - 0.02) < 0.004
+    for bad, message in ((dict(verify=True), "--from-scratch with --verify"),
+                         (dict(model=None, from_scratch=True), "--from-scratch needs --model")):
+        with pytest.raises(train_state.UsageError, match=message):
+            train_state.check_options(argparse.Namespace(**{**vars(args), **bad}))
+    with pytest.raises(train_state.UsageError, match="no model.safetensors"):  # the control
+        train_state.check_options(argparse.Namespace(**{**vars(args), "from_scratch": False}))
