@@ -35,3 +35,25 @@ def pytest_sessionfinish(session, exitstatus):
         dist_testing.shutdown_pools()
     if _OWN_CACHE and not hasattr(session.config, "workerinput"):  # the xdist controller, or plain pytest
         shutil.rmtree(os.environ["AUTOSP_CACHE_DIR"], ignore_errors=True)
+
+
+# The longest tests (seconds in CI on 2 cores; `--durations` lists them), started first:
+# with two workers a long test that starts last is the run's tail. A scheduling hint only:
+# a name that no longer matches changes the order of nothing.
+_LONGEST_FIRST = (
+    "test_train_example.py::test_fsdp_init_from_save_and_resume",  # 52 s
+    "test_memory_budget.py::test_planner_from_shallow_copies_matches_the_whole_model",  # 47 s
+    "test_fsdp_compile_memory.py::test_compiling_an_8b",  # 47 s
+    "test_families_as_users.py::test_new_runtime_ops_under_torch_compile",  # 46 s
+    "test_ring.py::test_ring_and_hybrid_match_single_device[4]",  # 37 s
+    "test_sequence_parallel.py::test_torch_compile_after_sequence_parallelism",  # 29 s
+    "test_trainer_calls.py::test_trainer_calls_match_single_device_with_linear_memory[2]",  # 28 s
+    "test_plan_cli.py::test_composed_report_matches_the_whole_model",  # 24 s
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Move the longest tests to the front (see _LONGEST_FIRST), in that order."""
+    def rank(item):
+        return next((i for i, name in enumerate(_LONGEST_FIRST) if name in item.nodeid), len(_LONGEST_FIRST))
+    items.sort(key=rank)  # stable: everything else keeps its order
