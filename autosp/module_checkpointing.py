@@ -56,10 +56,6 @@ class CheckpointRequest:
         """Every layer checkpointed alike."""
         return not self.layers or all(x == "full" for x in self.layers)
 
-    def mode(self) -> str:
-        """The ``checkpointing=`` mode this is, when uniform and without offload."""
-        return "full"
-
     def region_choices(self) -> tuple[str, ...]:
         """One :class:`~autosp.planning.plan.MemoryPlan` choice per region (per layer)."""
         suffix = "+offload" if self.offload else ""

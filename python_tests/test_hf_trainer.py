@@ -575,12 +575,24 @@ def _train_recipe(rank, world, queue, root, per_device):
                 trainer.save_model(os.path.join(root, "final"))
                 # resume from the step-3 checkpoint (full weights and optimizer state into the shards)
                 trainer.state.log_history = []
-                trainer.train(resume_from_checkpoint=os.path.join(root, case, "checkpoint-3"))
+                # only the first rank reads the weights; the others get their shards by broadcast
+                import safetensors.torch
+                read = safetensors.torch.load_file
+                if rank != 0:
+                    safetensors.torch.load_file = _refuse_read
+                try:
+                    trainer.train(resume_from_checkpoint=os.path.join(root, case, "checkpoint-3"))
+                finally:
+                    safetensors.torch.load_file = read
                 r["resumed_losses"], r["resumed_params"] = _losses(trainer, after_step=3), _full_params(trainer.model)
                 r.update(_saved_bytes(trainer))
             out[case] = r
             _reset_accelerate()
         queue.put((rank, out))
+
+
+def _refuse_read(*args, **kwargs):
+    raise AssertionError("a rank other than the first read the whole checkpoint")
 
 
 def _check_mixed_precision(same_weights, where):

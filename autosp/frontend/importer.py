@@ -138,7 +138,7 @@ class _StateAsInputs(torch.nn.Module):
                                               tie_weights=True, strict=False)
 
 
-# ---------------------------------------------------------------------------- autocast (issue 38)
+# ---------------------------------------------------------------------------- autocast
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -158,7 +158,6 @@ def autocast_off() -> contextlib.ExitStack:
     for device, _ in autocast_state():
         stack.enter_context(torch.autocast(device, enabled=False))
     return stack
-# ---------------------------------------------------------------------------- end autocast
 
 
 def prepare_input(x):

@@ -376,9 +376,11 @@ class _SequenceParallelMixin(_TrainerBase):
         path = os.path.join(checkpoint, OPTIMIZER_NAME)
         if not os.path.isfile(path):
             return
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # Read on the first rank only and broadcast one tensor at a time into each rank's
+        # shards: no other rank ever holds the whole optimizer state (2x the model in fp32).
+        state = torch.load(path, map_location="cpu", weights_only=True) if dist.get_rank() == 0 else {}
         set_optimizer_state_dict(self.model, self._autosp_optimizer(), optim_state_dict=state,
-                                 options=StateDictOptions(full_state_dict=True))
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
@@ -400,10 +402,11 @@ class _SequenceParallelMixin(_TrainerBase):
         if not all(os.path.isfile(path) for path in files):
             raise AutospError(f"no safetensors weights in {resume_from_checkpoint} (autosp.hf's FSDP2 checkpoints "
                               "hold model.safetensors)")
-        state = {}
-        for path in files:
+        state = {}  # read on the first rank only, broadcast one tensor at a time into each rank's shards
+        for path in files if dist.get_rank() == 0 else ():
             state.update(safetensors.torch.load_file(path))
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False,
+                                                                          broadcast_from_rank0=True))
 
     # ------------------------------------------------------------------ the accelerator's data path
     def create_accelerator_and_postprocess(self) -> None:
