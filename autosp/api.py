@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import re
 import sys
 import warnings
 
@@ -38,6 +39,7 @@ from autosp.frontend.importer import autocast_off, autocast_state, input_paths, 
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.module_checkpointing import request_key, requested_checkpointing
+from autosp.pipeline import PipelineError
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.context import RuntimeContext
@@ -300,10 +302,24 @@ class AutospModule(torch.nn.Module):
         def run():
             # On the group's first rank only: every rank runs the program (and plan) it sends.
             plan = self._plan(args, kwargs, checkpointing, module_plan)
-            return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
-                             gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
-                             checkpointing=checkpointing, group_name=self.group_name, plan=plan,
-                             mesh=self._mesh())
+            try:
+                return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
+                                 gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
+                                 checkpointing=checkpointing, group_name=self.group_name, plan=plan,
+                                 mesh=self._mesh())
+            except PipelineError as e:
+                counts = re.search(r"has (\d+) checkpoint regions .*?'layers' gives (\d+)", str(e))
+                if module_plan is None or counts is None:
+                    raise
+                # The modules' per-layer choices (every_n_layers) against autosp's regions, one
+                # per attention layer: a hybrid's layers without attention share a region.
+                request = requested_checkpointing(self.module)
+                raise AutospError(
+                    f"the model's {request.describe() if request else 'checkpointing'} cannot be honoured: autosp "
+                    f"checkpoints per region (one per attention layer) and finds {counts[1]} in this program for "
+                    f"{counts[2]} checkpointable layers. Switch it on for every layer (every_n_layers=1: autosp's "
+                    "full recompute), or pass autosp.compile(..., memory_plan=MemoryPlan(layers=...)) with one "
+                    "choice per region") from None
 
         group = self.sp_group
         if group is None or collectives.simulating() or not dist.is_initialized() or dist.get_world_size(group) == 1:

@@ -170,3 +170,20 @@ def test_hf_checkpointing_is_autosps_at_sp2():
         # the controls: without the switch (compiled so, or switched off) autosp keeps more
         assert ratio["off"] > 0.6 and ratio["switched_off"] > 0.6, ratio
         assert r["programs"] == 2
+
+
+def test_every_n_layers_on_a_hybrid_is_an_error_in_the_users_terms():
+    """A hybrid (Granite-4: Mamba2 and attention layers) with every_n_layers=2: its
+    checkpointable layers are not one per attention layer, where autosp cuts its regions, so
+    the per-layer choices cannot be honoured: an AutospError naming the request and what to do.
+    Control: every layer switched on (autosp's full recompute) compiles and runs."""
+    import autosp
+    from test_recurrences import _granite
+    ids = torch.randint(0, 64, (2, 16))
+    model = _granite().train()
+    _enable(model, every_n_layers=2)
+    with pytest.raises(AutospError, match=r"full recompute of 1 of 2 layers cannot be honoured.*every_n_layers=1"):
+        autosp.compile(model, sp_size=1)(input_ids=ids, labels=ids)
+    model = _granite().train()
+    _enable(model)
+    assert torch.isfinite(autosp.compile(model, sp_size=1)(input_ids=ids, labels=ids)["loss"])
