@@ -177,8 +177,9 @@ def test_every_n_layers_on_a_hybrid_is_an_error_in_the_users_terms():
     checkpointable layers are not one per attention layer, where autosp cuts its regions, so
     the per-layer choices cannot be honoured: an AutospError naming the request and what to do.
     Control: every layer switched on (autosp's full recompute) compiles and runs."""
-    import autosp
     from test_recurrences import _granite
+
+    import autosp
     ids = torch.randint(0, 64, (2, 16))
     model = _granite().train()
     _enable(model, every_n_layers=2)
