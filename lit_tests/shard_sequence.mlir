@@ -589,3 +589,161 @@ func.func @image_features_merged(%w: !torch.vtensor<[64,8],f32> {autosp.paramete
   torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
   return %m, %f : !torch.vtensor<[1,?,8],f32>, !torch.vtensor<[4,8],f32>
 }
+
+// -----
+
+// Selections along the sequence: the sharded operand gets one zero row, the positions
+// become this rank's rows (autosp.local_positions: its local length where another rank
+// holds one), and the local result is summed over the group (replicated). x[:, -1]:
+// CHECK-LABEL: func.func @select_last_position
+// CHECK: %[[S:.*]] = torch.aten.size.int
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[PAD:.*]] = torch.prim.ListConstruct %[[Z0:[^,]*]], %[[Z0]], %[[Z1:[^,]*]], %[[ONE:[^ ]*]] :
+// CHECK: %[[EP:.*]] = torch.aten.constant_pad_nd %[[E]], %[[PAD]], %{{.*}} : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.int -> !torch.vtensor<[2,?,32],f32>
+// CHECK: %[[LIT:.*]] = torch.vtensor.literal(dense<-1> : tensor<1xsi64>)
+// CHECK: %[[LOCAL:.*]] = "autosp.local_positions"(%[[LIT]], %[[S]]) {group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: %[[PICK:.*]] = torch.aten.index_select %[[EP]], %{{.*}}, %[[LOCAL]] : {{.*}} -> !torch.vtensor<[2,1,32],f32>
+// CHECK: %[[ROW:.*]] = torch.aten.squeeze.dim %[[PICK]], %{{.*}} -> !torch.vtensor<[2,32],f32>
+// CHECK: %[[SUM:.*]] = "autosp.all_reduce"(%[[ROW]]) {group = "sp", reduce_op = "sum"}
+// CHECK: return %[[SUM]]
+func.func @select_last_position(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,32],f32> {
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %t = torch.aten.select.int %e, %int1, %int-1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,32],f32>
+  return %t : !torch.vtensor<[2,32],f32>
+}
+
+// -----
+
+// BERT's [CLS] (x[:, 0:1]) and the last 5 positions (x[:, -5:]): fixed positions, by a literal.
+// CHECK-LABEL: func.func @fixed_slices
+// CHECK: torch.vtensor.literal(dense<0> : tensor<1xsi64>)
+// CHECK: "autosp.local_positions"
+// CHECK: %[[CLS:.*]] = torch.aten.index_select {{.*}} -> !torch.vtensor<[2,1,32],f32>
+// CHECK: %[[CLS_R:.*]] = "autosp.all_reduce"(%[[CLS]])
+// CHECK: torch.vtensor.literal(dense<[-5, -4, -3, -2, -1]> : tensor<5xsi64>)
+// CHECK: "autosp.local_positions"
+// CHECK: %[[LAST:.*]] = torch.aten.index_select {{.*}} -> !torch.vtensor<[2,5,32],f32>
+// CHECK: %[[LAST_R:.*]] = "autosp.all_reduce"(%[[LAST]])
+// CHECK: return %[[CLS_R]], %[[LAST_R]]
+func.func @fixed_slices(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                        %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,1,32],f32>, !torch.vtensor<[2,5,32],f32>) {
+  %int-1 = torch.constant.int -1
+  %int-5 = torch.constant.int -5
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 8, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %cls = torch.aten.slice.Tensor %e, %int1, %int0, %int1, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,1,32],f32>
+  %t = torch.aten.slice.Tensor %e, %int1, %int-5, %none, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[2,5,32],f32>
+  return %cls, %t : !torch.vtensor<[2,1,32],f32>, !torch.vtensor<[2,5,32],f32>
+}
+
+// -----
+
+// A reward model's last non-pad token: an index tensor every rank computes whole from the
+// input ids, at the sequence dim of an advanced index (the batch indexed by its arange).
+// CHECK-LABEL: func.func @index_last_token
+// CHECK-SAME: %[[LASTARG:[^:]*]]: !torch.vtensor<[2],si64> {autosp.input = "args[1]"}
+// CHECK: %[[S:.*]] = torch.aten.size.int
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[ROWS:.*]] = torch.aten.arange.start_step
+// CHECK: %[[EP:.*]] = torch.aten.constant_pad_nd %[[E]]
+// CHECK: %[[LOCAL:.*]] = "autosp.local_positions"(%[[LASTARG]], %[[S]]) {group = "sp", lo = 0 : i64, trim = 0 : i64}
+// CHECK: %[[IDX:.*]] = torch.prim.ListConstruct %[[ROWS]], %[[LOCAL]]
+// CHECK: %[[PICK:.*]] = torch.aten.index.Tensor_hacked_twin %[[EP]], %[[IDX]]
+// CHECK: %[[SUM:.*]] = "autosp.all_reduce"(%[[PICK]]) {group = "sp", reduce_op = "sum"}
+// CHECK: return %[[SUM]]
+func.func @index_last_token(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                            %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                            %last: !torch.vtensor<[2],si64> {autosp.input = "args[1]"})
+    -> !torch.vtensor<[2,32],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %none = torch.constant.none
+  %cpu = torch.constant.device "cpu"
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %rows = torch.aten.arange.start_step %int0, %int2, %int1, %none, %int0, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.none, !torch.int, !torch.Device, !torch.bool -> !torch.vtensor<[2],si64>
+  %idx = torch.prim.ListConstruct %rows, %last : (!torch.vtensor<[2],si64>, !torch.vtensor<[2],si64>) -> !torch.list<vtensor>
+  %x = torch.aten.index.Tensor_hacked_twin %e, %idx : !torch.vtensor<[2,?,32],f32>, !torch.list<vtensor> -> !torch.vtensor<[2,32],f32>
+  return %x : !torch.vtensor<[2,32],f32>
+}
+
+// -----
+
+// Extractive QA: a log-softmax over the positions (autosp.softmax: the result stays
+// sharded), then the label's position read by gather (a selection).
+// CHECK-LABEL: func.func @qa_log_softmax_gather
+// CHECK-SAME: %[[START:[^:]*]]: !torch.vtensor<[2,1],si64> {autosp.input = "args[1]"}
+// CHECK: %[[LOGITS:.*]] = torch.aten.squeeze.dim
+// CHECK: %[[LSM:.*]] = "autosp.softmax"(%[[LOGITS]]) {dim = 1 : i64, dtype = "", group = "sp", log = 1 : i64} : (!torch.vtensor<[2,?],f32>) -> !torch.vtensor<[2,?],f32>
+// CHECK: %[[LP:.*]] = torch.aten.constant_pad_nd %[[LSM]]
+// CHECK: %[[LOCAL:.*]] = "autosp.local_positions"(%[[START]], %{{.*}})
+// CHECK: %[[PICK:.*]] = torch.aten.gather %[[LP]], %{{.*}}, %[[LOCAL]], %{{.*}}
+// CHECK: %[[SUM:.*]] = "autosp.all_reduce"(%[[PICK]])
+// CHECK: return %[[SUM]]
+func.func @qa_log_softmax_gather(%w: !torch.vtensor<[64,1],f32> {autosp.parameter = "w"},
+                                 %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                                 %start: !torch.vtensor<[2,1],si64> {autosp.input = "args[1]"})
+    -> !torch.vtensor<[2,1],f32> {
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int6 = torch.constant.int 6
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,1],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,1],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 1)> : !torch.vtensor<[2,?,1],f32>
+  %logits = torch.aten.squeeze.dim %e, %int2 : !torch.vtensor<[2,?,1],f32>, !torch.int -> !torch.vtensor<[2,?],f32>
+  torch.bind_symbolic_shape %logits, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+  %lsm = torch.aten.log_softmax.int %logits, %int1, %int6 : !torch.vtensor<[2,?],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,?],f32>
+  torch.bind_symbolic_shape %lsm, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+  %picked = torch.aten.gather %lsm, %int1, %start, %false : !torch.vtensor<[2,?],f32>, !torch.int, !torch.vtensor<[2,1],si64>, !torch.bool -> !torch.vtensor<[2,1],f32>
+  return %picked : !torch.vtensor<[2,1],f32>
+}
+
+// -----
+
+// logsumexp and amax over the sequence alone: autosp.logsumexp / autosp.amax (keepdim,
+// then squeezed where the op drops the dim), replicated.
+// CHECK-LABEL: func.func @logsumexp_amax
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[LSE:.*]] = "autosp.logsumexp"(%[[E]]) {dim = 1 : i64, group = "sp"} : (!torch.vtensor<[2,?,32],f32>) -> !torch.vtensor<[2,1,32],f32>
+// CHECK: %[[LSE2:.*]] = torch.aten.squeeze.dim %[[LSE]], %{{.*}} -> !torch.vtensor<[2,32],f32>
+// CHECK: %[[MAX:.*]] = "autosp.amax"(%[[E]]) {dim = 1 : i64, group = "sp"} : (!torch.vtensor<[2,?,32],f32>) -> !torch.vtensor<[2,1,32],f32>
+// CHECK: return %[[LSE2]], %[[MAX]]
+func.func @logsumexp_amax(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                          %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,32],f32>, !torch.vtensor<[2,1,32],f32>) {
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
+  %lse = torch.aten.logsumexp %e, %dims, %false : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,32],f32>
+  %max = torch.aten.amax %e, %dims, %true : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,32],f32>
+  return %lse, %max : !torch.vtensor<[2,32],f32>, !torch.vtensor<[2,1,32],f32>
+}

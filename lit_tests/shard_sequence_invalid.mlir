@@ -41,7 +41,8 @@ func.func @contract_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter =
 
 // -----
 
-// A truncation to a fixed length is not a window of a sequence of any length.
+// Positions from the end up to a fixed position ([S - 5, 850)): which positions it keeps
+// depends on the length (a fixed-length truncation, x[:, :850], is a selection: shard_sequence.mlir).
 func.func @truncate_to_fixed_length(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
                                     %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
     -> !torch.vtensor<[2,850,32],f32> {
@@ -54,17 +55,18 @@ func.func @truncate_to_fixed_length(%w: !torch.vtensor<[64,32],f32> {autosp.para
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  // expected-error@+1 {{'torch.aten.slice.Tensor' op truncates the sequence to a fixed length 850 (positions [0, 850)); autosp supports slices that trim a constant number of positions from either end}}
-  %t = torch.aten.slice.Tensor %e, %int1, %int0, %int850, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,850,32],f32>
+  %int-5 = torch.constant.int -5
+  // expected-error@+1 {{'torch.aten.slice.Tensor' op slices the sequence from -5 from the end to 850 from the start, positions that depend on its length}}
+  %t = torch.aten.slice.Tensor %e, %int1, %int-5, %int850, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2,850,32],f32>
   return %t : !torch.vtensor<[2,850,32],f32>
 }
 
 // -----
 
-// The last N positions: a fixed length too.
+// The last N positions with a step: autosp selects fixed positions with step 1 only.
 func.func @keep_last_positions(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
                                %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
-    -> !torch.vtensor<[2,5,32],f32> {
+    -> !torch.vtensor<[2,3,32],f32> {
   %int-1 = torch.constant.int -1
   %int-5 = torch.constant.int -5
   %int1 = torch.constant.int 1
@@ -74,9 +76,10 @@ func.func @keep_last_positions(%w: !torch.vtensor<[64,32],f32> {autosp.parameter
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  // expected-error@+1 {{'torch.aten.slice.Tensor' op keeps a fixed number (5) of the last positions of the sequence}}
-  %t = torch.aten.slice.Tensor %e, %int1, %int-5, %none, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[2,5,32],f32>
-  return %t : !torch.vtensor<[2,5,32],f32>
+  %int2 = torch.constant.int 2
+  // expected-error@+1 {{'torch.aten.slice.Tensor' op slices the sequence with a step; autosp supports step 1}}
+  %t = torch.aten.slice.Tensor %e, %int1, %int-5, %none, %int2 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[2,3,32],f32>
+  return %t : !torch.vtensor<[2,3,32],f32>
 }
 
 // -----
@@ -104,7 +107,7 @@ func.func @bound_not_linear(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = 
 
 // -----
 
-// One position of the sequence (x[:, -1]) lives on one rank only.
+// A position at the end of the sequence (x[:, S]) is past it (x[:, -1] is a selection).
 func.func @select_position(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
                            %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
     -> !torch.vtensor<[2,32],f32> {
@@ -115,14 +118,15 @@ func.func @select_position(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  // expected-error@+1 {{'torch.aten.select.int' op selects one position of the sequence}}
-  %t = torch.aten.select.int %e, %int1, %int-1 : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,32],f32>
+  %n = torch.aten.size.int %ids, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.int
+  // expected-error@+1 {{'torch.aten.select.int' op selects a position at or past the end of the sequence}}
+  %t = torch.aten.select.int %e, %int1, %n : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,32],f32>
   return %t : !torch.vtensor<[2,32],f32>
 }
 
 // -----
 
-// Indexing the sequence with data (a gather over positions) needs the whole sequence.
+// Indexing the sequence with a sequence-long tensor (a permutation) needs the whole sequence.
 func.func @gather_positions(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
                             %pos: !torch.vtensor<[?],si64> {autosp.input = "args[1]", autosp.seq_dim = 0 : i64})
@@ -208,8 +212,8 @@ func.func @negative_dim(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"}
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  // expected-error@+1 {{'torch.aten.softmax.int' op works along the sequence dimension (-2)}}
-  %x = torch.aten.softmax.int %e, %int-2, %none : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{'torch.aten.cumsum' op works along the sequence dimension (-2)}}
+  %x = torch.aten.cumsum %e, %int-2, %none : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
   return %x : !torch.vtensor<[2,?,32],f32>
 }
@@ -264,10 +268,10 @@ func.func @dim_not_constant(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = 
 
 // -----
 
-// A max over the sequence (keepdim) is a reduction autosp cannot split: only sums split.
+// A max over the sequence and the features together: autosp splits amax over the sequence alone.
 func.func @amax_over_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
                              %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
-    -> !torch.vtensor<[2,1,32],f32> {
+    -> !torch.vtensor<[2,1,1],f32> {
   %int-2 = torch.constant.int -2
   %int-1 = torch.constant.int -1
   %int1 = torch.constant.int 1
@@ -279,10 +283,10 @@ func.func @amax_over_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter 
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  %dims = torch.prim.ListConstruct %int1 : (!torch.int) -> !torch.list<int>
-  // expected-error@+1 {{'torch.aten.amax' op reduces over the sequence dimension (1), which autosp can only split for sums}}
-  %x = torch.aten.amax %e, %dims, %true : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,32],f32>
-  return %x : !torch.vtensor<[2,1,32],f32>
+  %dims = torch.prim.ListConstruct %int1, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  // expected-error@+1 {{'torch.aten.amax' op is 'torch.aten.amax' over dims [1, 2], the sequence dim (1) among others; autosp splits it over the sequence dim alone}}
+  %x = torch.aten.amax %e, %dims, %true : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,1],f32>
+  return %x : !torch.vtensor<[2,1,1],f32>
 }
 
 // -----
@@ -304,7 +308,7 @@ func.func @mean_over_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter 
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
   %dims = torch.prim.ListConstruct %int-2 : (!torch.int) -> !torch.list<int>
-  // expected-error@+1 {{'torch.aten.mean.dim' op reduces over the sequence dimension (-2), which autosp can only split for sums}}
+  // expected-error@+1 {{'torch.aten.mean.dim' op reduces over the sequence dimension (-2) with 'torch.aten.mean.dim', which autosp cannot split}}
   %x = torch.aten.mean.dim %e, %dims, %false, %none : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[2,32],f32>
   return %x : !torch.vtensor<[2,32],f32>
 }
@@ -593,4 +597,25 @@ func.func @masked_scatter_sharded_source(%w: !torch.vtensor<[64,8],f32> {autosp.
   %m = torch.aten.masked_scatter %e, %u, %e : !torch.vtensor<[1,?,8],f32>, !torch.vtensor<[1,?,1],i1>, !torch.vtensor<[1,?,8],f32> -> !torch.vtensor<[1,?,8],f32>
   torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (1, s0, 8)> : !torch.vtensor<[1,?,8],f32>
   return %m : !torch.vtensor<[1,?,8],f32>
+}
+
+// -----
+
+// A boolean mask at the sequence dim selects a number of positions that depends on the data.
+func.func @select_by_mask(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                          %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                          %keep: !torch.vtensor<[4],i1> {autosp.input = "args[1]"})
+    -> !torch.vtensor<[2,32],f32> {
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %idx = torch.prim.ListConstruct %none, %keep : (!torch.none, !torch.vtensor<[4],i1>) -> !torch.list<optional<vtensor>>
+  // expected-error@+1 {{'torch.aten.index.Tensor' op selects positions of the sequence by positions !torch.vtensor<[4],i1> that are not an integer tensor}}
+  %x = torch.aten.index.Tensor %e, %idx : !torch.vtensor<[2,?,32],f32>, !torch.list<optional<vtensor>> -> !torch.vtensor<[2,32],f32>
+  return %x : !torch.vtensor<[2,32],f32>
 }

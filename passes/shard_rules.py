@@ -134,6 +134,9 @@ class Action(enum.Enum):
     LOCAL_INDEX = "index the sequence dim with the local range, shard the other operands"
     HALO = "prepend the positions before this rank's part (autosp.halo), convolve without padding"
     MASKED_SCATTER = "fill this rank's true positions with their source elements (autosp.masked_scatter)"
+    SELECT_POSITIONS = "pick this rank's selected rows (zeros for the others': autosp.local_positions), all-reduce"
+    SEQ_SOFTMAX = "softmax along the sequence over the group (autosp.softmax)"
+    SEQ_REDUCE = "a reduction along the sequence over the group (autosp.logsumexp, autosp.amax): replicated"
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,9 @@ class Decision:
     window: Window | None = None  # for REWINDOW: the new window
     index_dim: int | None = None  # for LOCAL_INDEX: the sequence dim the identity range indexes
     halo: int = 0  # for HALO: how many positions before this rank's part the convolution reads
+    # for SELECT_POSITIONS of a select or a fixed-length slice: the positions it keeps
+    # (index j of the operand's window; negative: from its end); None: an index tensor
+    positions: tuple[int, ...] | None = None
 
     def sharded(self) -> SequenceSharded:
         """The layout of a SHARD_OPERANDS, LOCAL_INDEX or REWINDOW decision, which :class:`Rules`
@@ -237,6 +243,12 @@ class Rules:
             return self.decide_recurrence(op, tensor_operands, layouts, res_dims, window)
         if op_name(op) == ops.MASKED_SCATTER_OP:
             return self.decide_masked_scatter(op, layouts, res_dims, window)
+        picked = self.decide_selection(op, kind, tensor_operands, layouts, res_dims)
+        if picked is not None:
+            return picked
+        reduced = self.decide_reduction(op, layouts, res_dims)
+        if reduced is not None:
+            return reduced
         if kind in (OpClass.SLICE, OpClass.SELECT) and isinstance(layouts[0], SequenceSharded):
             dim = const_int(op.operands[1])
             if dim is None:
@@ -279,14 +291,113 @@ class Rules:
                 # proven: the sum's dims name the sequence (torch.aten.sum sums every dim)
                 return Decision(REPLICATED, Action.ALL_REDUCE)
             where = f" dimension ({along[0]})" if along else ""
-            raise DiagnosticError.at(op, f"reduces over the sequence{where}, which autosp can only split for sums "
-                                         "(local sums + an all-reduce)")
+            raise DiagnosticError.at(op, f"reduces over the sequence{where} with '{_schema_name(op)}', which autosp "
+                                         "cannot split; along the sequence it splits sums (a mean exports as one), "
+                                         "logsumexp, "
+                                         "amax, softmax and log_softmax (each over the sequence dim alone), and "
+                                         "selections of positions (x[:, 0], x[:, -1], index/gather by positions)")
         if len(res_dims) > 1:
             raise DiagnosticError.at(op, "produces a [.., S, S] tensor outside recognised attention; autosp "
                                          "cannot shard it")
         self.check_opaque(op, kind)
         self.check_token_wise(op, kind, tensor_operands)
         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
+
+    # ---------------------------------------------------------------- selections and reductions
+    def decide_selection(self, op, kind: OpClass, tensor_operands, layouts, res_dims) -> Decision | None:
+        """An op that keeps a fixed or data-dependent set of positions of a sequence-sharded
+        operand 0 along its sequence dim, into a result without a sequence dim (a pooled
+        row: ``h[:, 0]``, ``h[:, -1]``, ``h[:, i:i+k]``, the last non-pad token by an index
+        tensor, a gather of the label's position): :data:`Action.SELECT_POSITIONS`, each rank
+        picks its rows (zeros for the others') and a sum all-reduce gives every rank the
+        selected rows, replicated. The positions must be replicated integers (an index
+        tensor every rank computes whole) or constants; None when ``op`` is no selection."""
+        if not layouts or not isinstance(layouts[0], SequenceSharded) or res_dims:
+            return None
+        lay, name, source = layouts[0], op_name(op), op.operands[0]
+        rank = len(self.info.dims.get(source) or ())
+        def on_sequence(v) -> bool:
+            d = const_int(v)
+            return bool(rank) and d is not None and d % rank == lay.dim
+        if kind is OpClass.SELECT and on_sequence(op.operands[1]):
+            at = self.bound(op, op.operands[2], lay.window, is_start=True)
+            if at.from_end and at.offset >= 0:
+                raise DiagnosticError.at(op, "selects a position at or past the end of the sequence")
+            return Decision(REPLICATED, Action.SELECT_POSITIONS, index_dim=lay.dim, positions=(at.offset,))
+        if kind is OpClass.SLICE and on_sequence(op.operands[1]):
+            return Decision(REPLICATED, Action.SELECT_POSITIONS, index_dim=lay.dim,
+                            positions=self.fixed_positions(op, lay.window))
+        if kind is OpClass.INDEX:
+            items = list_items(op.operands[1])
+            if lay.dim >= len(items) or is_none(items[lay.dim]):
+                return None
+            index = items[lay.dim]
+            if self.is_identity_range(index, source, lay.dim):
+                return None
+            others = [v for i, v in enumerate(items) if i != lay.dim and not is_none(v)]
+            self.check_positions(op, index, others)
+            return Decision(REPLICATED, Action.SELECT_POSITIONS, index_dim=lay.dim)
+        if name in (ops.GATHER_OP, ops.INDEX_SELECT_OP) and on_sequence(op.operands[1]):
+            self.check_positions(op, op.operands[2], [])
+            return Decision(REPLICATED, Action.SELECT_POSITIONS, index_dim=lay.dim)
+        return None
+
+    def check_positions(self, op, index, others: list) -> None:
+        """The positions of a selection (and the other index tensors beside them) must be
+        replicated integer tensors without a sequence dim of their own."""
+        shape = vtensor_shape(index.type)
+        bad = None
+        if shape is None or not shape[1].startswith(("si", "ui")):
+            bad = f"positions {index.type} that are not an integer tensor (a boolean mask selects a number of " \
+                  "positions that depends on the data; index with torch.nonzero's result or a position instead)"
+        elif any(self.info.seq_dims(v) for v in [index] + others):
+            bad = "an index tensor as long as the sequence (a permutation or a gather of every position)"
+        if bad:
+            raise DiagnosticError.at(op, f"selects positions of the sequence by {bad}; each rank holds only part of "
+                                         "it, so autosp cannot shard this op")
+
+    def fixed_positions(self, op, window: Window) -> tuple[int, ...]:
+        """The positions a slice along the sequence to a fixed length keeps (index j of the
+        operand's window; negative: from its end): ``x[:, a:b]`` and ``x[:, -k:]``."""
+        step = op.operands[4]
+        if not is_none(step) and const_int(step) != 1:
+            raise DiagnosticError.at(op, "slices the sequence with a step; autosp supports step 1")
+        start = self.bound(op, op.operands[2], window, is_start=True)
+        end = self.bound(op, op.operands[3], window, is_start=False)
+        if start.from_end == end.from_end and end.offset > start.offset:
+            return tuple(range(start.offset, end.offset))
+        where = lambda b: f"{b.offset} from the {'end' if b.from_end else 'start'}"  # noqa: E731
+        raise DiagnosticError.at(op, f"slices the sequence from {where(start)} to {where(end)}, positions that "
+                                     "depend on its length; autosp supports slices that trim a constant number of positions "
+                                     "(x[:, 1:], x[:, :-1]) and fixed positions (x[:, a:b], x[:, -k:])")
+
+    def decide_reduction(self, op, layouts, res_dims) -> Decision | None:
+        """softmax / log_softmax along the sequence dim of a sharded operand 0 (result
+        sharded alike, :data:`Action.SEQ_SOFTMAX`), and logsumexp / amax over the sequence dim
+        alone (result replicated, :data:`Action.SEQ_REDUCE`); None for other ops. A reduction
+        over the sequence and other dims together is diagnosed."""
+        name = _schema_name(op)
+        if not layouts or not isinstance(layouts[0], SequenceSharded) or \
+                (name not in ops.SEQUENCE_SOFTMAX and name not in ops.SEQUENCE_REDUCTIONS):
+            return None
+        lay, rank = layouts[0], len(self.info.dims.get(op.operands[0]) or ())
+        dims = _read_dims(op.operands[1])
+        if dims is None or dims == "all" or not rank:
+            along = None
+        else:
+            along = sorted({d % rank for d in dims})
+        if along is None or lay.dim not in along:
+            return None if along is not None else self._reduction_error(op, name, "a dim that is not a constant")
+        if along != [lay.dim]:
+            self._reduction_error(op, name, f"dims {along}, the sequence dim ({lay.dim}) among others")
+        if name in ops.SEQUENCE_SOFTMAX:
+            return Decision(lay, Action.SEQ_SOFTMAX, index_dim=lay.dim)
+        return Decision(REPLICATED, Action.SEQ_REDUCE, index_dim=lay.dim)
+
+    @staticmethod
+    def _reduction_error(op, name: str, what: str):
+        raise DiagnosticError.at(op, f"is '{name}' over {what}; autosp splits it over the sequence dim alone "
+                                     "(reduce the other dims in a separate op)")
 
     # ---------------------------------------------------------------- rule helpers
     def result_seq_dims(self, op) -> list[int]:

@@ -42,15 +42,17 @@ from autosp.ir.contract import (
     GRAD_SHARE,
     HALO,
     LOCAL_LEN,
+    LOCAL_POSITIONS,
     MASKED_SCATTER,
     PARAMETER_ATTR,
     REWINDOW,
     SCAN_GROUP_ATTR,
     SEQ_ATTR,
+    SEQ_SOFTMAX,
     SHARD,
     SP_LAYOUT_ATTR,
 )
-from autosp.ir.core import as_operation, body_ops, const_int, main_func, op_name, producer, tensor_dims
+from autosp.ir.core import as_operation, body_ops, const_bool, const_int, main_func, op_name, producer, tensor_dims
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.layout import SeqLayout
 from autosp.ir.pass_base import ModulePass
@@ -109,6 +111,17 @@ class ShardSequence(ModulePass):
        ``ops.MIXING_WITHOUT_DIM``) and ops that change the sequence's length (a pad
        along it) are diagnosed as well; only layout ops (``ops.LAYOUT_DIM_OPS``:
        permute, transpose, unsqueeze...) take the sequence dim as an argument freely.
+    7. A selection of positions into a result without a sequence dim (``x[:, 0]``,
+       ``x[:, -1]``, ``x[:, a:b]``, ``x[:, -k:]``, an ``index``/``gather``/``index_select``
+       by a replicated integer index: a reward model's last non-pad token, a QA label's
+       position) is split as the owning rank's rows: the sharded operand gets one zero row
+       (``constant_pad_nd``), the positions become ``autosp.local_positions`` (this rank's
+       row, or that zero row where another rank holds the position), and the result is
+       summed over the group (``autosp.all_reduce``), replicated, as a sum's is (rule 3).
+       ``softmax``/``log_softmax`` along the sequence become ``autosp.softmax`` (sharded
+       like their input); ``logsumexp``/``amax`` over the sequence dim alone become
+       ``autosp.logsumexp``/``autosp.amax`` (replicated). ``argmax``, ``topk`` and
+       reductions over the sequence together with other dims stay diagnosed (rule 6).
 
     Returned sequence-sharded values stay local, or are gathered (``gather-outputs``).
     Shards may differ in length by one when P does not divide S: no padding, no
@@ -347,6 +360,88 @@ class _Rewriter:
         self.info.dims.pop(reduced, None)
         return reduced
 
+    def select_positions(self, op, lay: SequenceSharded, positions: tuple[int, ...] | None) -> ir.Value:
+        """A selection of positions along ``lay.dim`` (``Rules.decide_selection``) on this
+        rank's part: the sharded operand gets one zero row appended there, and the positions
+        (the op's index tensor, or for a select / fixed slice a literal of them) become
+        ``autosp.local_positions``: this rank's rows, or that zero row where another rank
+        holds one. Returns the local result (the caller all-reduces it)."""
+        x, name, dim = op.operands[0], op_name(op), lay.dim
+        with ir.InsertionPoint(op), op.location:
+            shape = b.vtensor_shape(x.type)
+            assert shape is not None  # a sharded tensor
+            rank = len(shape[0])
+            pad = [b.constant_int(0)] * (2 * (rank - 1 - dim)) + [b.constant_int(0), b.constant_int(1)]
+            pad_list = ir.Operation.create(ops.LIST_CONSTRUCT, results=[ir.Type.parse("!torch.list<int>")],
+                                           operands=pad).result
+            padded_shape = list(shape[0])
+            padded_shape[dim] = None
+            padded = b.torch_op(ops.CONSTANT_PAD_OP, [x, pad_list, b.constant_int(0)],
+                                b.vtensor_type(padded_shape, shape[1]))
+            if positions is None:  # an index tensor: index / gather / index_select keep their own form
+                op.operands[0] = padded
+                if name in ops.INDEX_OPS:
+                    items = list_items(op.operands[1])
+                    items[dim] = self.local_positions(items[dim], lay.window)
+                    op.operands[1] = ir.Operation.create(ops.LIST_CONSTRUCT, results=[op.operands[1].type],
+                                                         operands=items).result
+                else:
+                    op.operands[2] = self.local_positions(op.operands[2], lay.window)
+                return op.results[0]
+            literal = b.literal_ints(list(positions))
+            out_shape, out_dtype = b.vtensor_shape(op.results[0].type) or ([], shape[1])
+            picked_shape = list(out_shape)
+            if op_name(op) == ops.SELECT_OP:
+                picked_shape.insert(dim, 1)
+            picked = b.torch_op(ops.INDEX_SELECT_OP, [padded, b.constant_int(dim),
+                                                      self.local_positions(literal, lay.window)],
+                                b.vtensor_type(picked_shape, out_dtype))
+            if op_name(op) == ops.SELECT_OP:
+                picked = b.torch_op(ops.SQUEEZE_DIM_OP, [picked, b.constant_int(dim)], op.results[0].type)
+        op.results[0].replace_all_uses_with(picked)
+        op.erase()
+        return picked
+
+    def local_positions(self, positions, window: Window) -> ir.Value:
+        """``autosp.local_positions`` of ``positions`` (a replicated integer tensor) on ``window``."""
+        return b.autosp_op(LOCAL_POSITIONS, [positions, self.seq_len], positions.type, lo=window.lo,
+                           trim=window.trim, group=self.group)
+
+    def seq_softmax(self, op, lay: SequenceSharded) -> ir.Value:
+        """softmax / log_softmax along the sequence as ``autosp.softmax`` (its dtype argument,
+        or a half-to-float ``_softmax``, as the result's element type)."""
+        x, result = op.operands[0], op.results[0]
+        in_type, out_type = b.vtensor_shape(x.type), b.vtensor_shape(result.type)
+        dtype = out_type[1] if in_type and out_type and in_type[1] != out_type[1] else ""
+        with ir.InsertionPoint(op), op.location:
+            new = b.autosp_op(SEQ_SOFTMAX, [x], result.type, dim=lay.dim,
+                              log=int(ops.SEQUENCE_SOFTMAX[ops.operator_name(op)]), dtype=dtype, group=self.group)
+        return self._replace(op, new)
+
+    def seq_reduce(self, op, dim: int) -> ir.Value:
+        """logsumexp / amax over the sequence dim as ``autosp.logsumexp`` / ``autosp.amax``
+        (keepdim; squeezed after where the op does not keep it)."""
+        x, result = op.operands[0], op.results[0]
+        keep = const_bool(op.operands[2]) if len(op.operands) > 2 else False
+        shape = b.vtensor_shape(x.type)
+        out = b.vtensor_shape(result.type)
+        assert shape is not None and out is not None  # tensors
+        kept = list(shape[0])
+        kept[dim] = 1
+        with ir.InsertionPoint(op), op.location:
+            new = b.autosp_op(ops.SEQUENCE_REDUCTIONS[ops.operator_name(op)], [x],
+                              result.type if keep else b.vtensor_type(kept, out[1]), dim=dim, group=self.group)
+            if not keep:
+                new = b.torch_op(ops.SQUEEZE_DIM_OP, [new, b.constant_int(dim)], result.type)
+        return self._replace(op, new)
+
+    def _replace(self, op, new) -> ir.Value:
+        op.results[0].replace_all_uses_with(new)
+        if op.results[0] in self.info.dims:
+            self.info.dims[new] = self.info.dims[op.results[0]]
+        op.erase()
+        return new
+
     def rewindow(self, op, old: SequenceSharded, new: Window) -> ir.Value:
         with ir.InsertionPoint(op), op.location:
             narrowed = b.autosp_op(REWINDOW, [op.operands[0], self.seq_len], op.results[0].type, dim=old.dim,
@@ -443,6 +538,25 @@ class _Propagation:
             if op_name(op) in ops.SCATTER_SUM_OPS and windows:  # a replicated src: this rank's tokens of it
                 self.rewriter.shard_operands(op, windows.pop(), self.layouts)
             self.from_sequence_sums[self.rewriter.all_reduce(op)] = op
+        elif decision.action is Action.SELECT_POSITIONS:
+            source = self.layout(op.operands[0])
+            assert isinstance(source, SequenceSharded), source  # Rules select from a sharded operand 0
+            picked = self.rewriter.select_positions(op, source, decision.positions)
+            reduced = self.rewriter.all_reduce(picked.owner)
+            self.from_sequence_sums[reduced] = reduced.owner
+            self.param_derived.update([picked, reduced] if derived else [])
+            return
+        elif decision.action is Action.SEQ_SOFTMAX:
+            new = self.rewriter.seq_softmax(op, decision.sharded())
+            self.layouts[new] = decision.layout
+            self.param_derived.update([new] if derived else [])
+            return
+        elif decision.action is Action.SEQ_REDUCE:
+            assert decision.index_dim is not None, decision  # Rules set the sequence dim
+            new = self.rewriter.seq_reduce(op, decision.index_dim)
+            self.from_sequence_sums[new] = new.owner
+            self.param_derived.update([new] if derived else [])
+            return
         elif decision.action is Action.HALO:
             self.rewriter.halo(op, decision.sharded(), decision.halo)
         elif decision.action is Action.MASKED_SCATTER:

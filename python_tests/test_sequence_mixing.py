@@ -8,7 +8,8 @@ Along the sequence (dim 1, written 1, -2, a list or a tuple) an op either
   names the op autosp saw in the IR (``refused_by``; torch.export decomposes some ops
   first: ``roll`` becomes slices and a ``cat``, ``logsumexp`` a ``max.dim``...), or
 * is partitioned exactly (``refused_by=None``: sums over the sequence, and the means and
-  variances torch.export writes as sums, pooled into the loss): loss and every gradient
+  variances torch.export writes as sums, pooled into the loss; logsumexp and amax pooled
+  into the loss; softmax and log_softmax along it, issue 39): loss and every gradient
   within 1e-5 of single-device eager PyTorch on the full sequence, at sp_size=2 and at
   sp_size=1. A sum fed back onto the tokens is refused: its all-reduce's backward is
   local, right only while the sum stays replicated up to the loss.
@@ -58,19 +59,17 @@ CASES = [
     Case("cumsum", lambda h, d: h.cumsum(d), "torch.aten.cumsum"),
     Case("cumprod", lambda h, d: h.cumprod(d), "torch.aten.cumprod", seq_dims=(1,)),
     Case("logcumsumexp", lambda h, d: h.logcumsumexp(d), "torch.aten.cumsum", seq_dims=(1,)),  # exp, cumsum, log
-    Case("softmax", lambda h, d: h.softmax(d), "torch.aten.softmax.int", seq_dims=(1,)),
-    Case("_softmax", lambda h, d: torch._softmax(h, d, False), "torch.aten._softmax", seq_dims=(1,)),
-    Case("log_softmax", lambda h, d: h.log_softmax(d), "torch.aten.max.dim", seq_dims=(1,)),
-    Case("_log_softmax", lambda h, d: torch._log_softmax(h, d, False), "torch.aten.max.dim", seq_dims=(-2,)),
     Case("sort", lambda h, d: h.sort(d).values, "torch.aten.sort", seq_dims=(-2,)),
     Case("argsort", lambda h, d: h.argsort(d).float() + h, "torch.aten.sort", seq_dims=(1,)),
     Case("topk", lambda h, d: _keep(h.topk(2, d).values.sum(d, keepdim=True), h), "torch.aten.sort", seq_dims=(1,)),
     # reductions along the sequence other than sum
-    Case("amax", lambda h, d: _keep(h.amax(d, keepdim=True), h), "torch.aten.max.dim", seq_dims=(-2,)),
+    # (amax and logsumexp split over the sequence, replicated: fed back onto the tokens they are
+    # refused as a sum is, below; pooled into the loss they are exact)
+    Case("amax", lambda h, d: _keep(h.amax(d, keepdim=True), h), "torch.aten.add.Tensor", seq_dims=(-2,)),
     Case("amin", lambda h, d: _keep(h.amin(d, keepdim=True), h), "torch.aten.min.dim", seq_dims=(1,)),
     Case("argmax", lambda h, d: _keep(h.argmax(d, keepdim=True).float(), h), "torch.aten.max.dim", seq_dims=(1,)),
     Case("prod", lambda h, d: _keep(h.prod(d, keepdim=True), h), "torch.aten.prod.dim_int", seq_dims=(1,)),
-    Case("logsumexp", lambda h, d: _keep(h.logsumexp(d, keepdim=True), h), "torch.aten.max.dim", seq_dims=(1,)),
+    Case("logsumexp", lambda h, d: _keep(h.logsumexp(d, keepdim=True), h), "torch.aten.add.Tensor", seq_dims=(1,)),
     Case("norm", lambda h, d: _keep(h.norm(dim=d, keepdim=True), h), "torch.aten.linalg_vector_norm", seq_dims=(1,)),
     Case("any", lambda h, d: _keep((h > 0).any(d, keepdim=True).float(), h), "torch.aten.any.dim", seq_dims=(1,)),
     Case("kthvalue", lambda h, d: _keep(h.kthvalue(2, d, keepdim=True).values, h), "torch.aten.kthvalue",
@@ -79,7 +78,7 @@ CASES = [
     Case("gather", lambda h, d: h.gather(d, torch.zeros_like(h, dtype=torch.long)), "torch.aten.gather", seq_dims=(1,)),
     Case("index_select", lambda h, d: h.index_select(d, torch.zeros(h.shape[d], dtype=torch.long)),
          "torch.aten.index_select", seq_dims=(1,)),
-    Case("diff", lambda h, d: torch.diff(h, dim=d, prepend=h.narrow(d, 0, 1)), "torch.aten.slice.Tensor",
+    Case("diff", lambda h, d: torch.diff(h, dim=d, prepend=h.narrow(d, 0, 1)), "torch.aten.cat",
          seq_dims=(1,)),
     Case("cat", lambda h, d: torch.cat([h, h * 2], d).narrow(d, 0, h.shape[d]), "torch.aten.cat", seq_dims=(1,)),
     # exact along the sequence: a sum splits into local sums and an all-reduce; mean and
@@ -87,6 +86,15 @@ CASES = [
     Case("sum", lambda h, d: h.sum(d, keepdim=True), None, pooled=True),
     Case("mean", lambda h, d: h.mean(d, keepdim=True), None, seq_dims=(-2,), pooled=True),
     Case("mean_dropped", lambda h, d: h.mean(d), None, seq_dims=(1,), pooled=True),
+    # softmax and log_softmax along the sequence: autosp.softmax (a max and a sum all-reduce,
+    # the backward's sum all-reduced), the result sharded like its input
+    Case("softmax", lambda h, d: h.softmax(d), None, seq_dims=(1,)),
+    Case("_softmax", lambda h, d: torch._softmax(h, d, False), None, seq_dims=(1,)),
+    Case("log_softmax", lambda h, d: h.log_softmax(d), None, seq_dims=(1,)),
+    Case("_log_softmax", lambda h, d: torch._log_softmax(h, d, False), None, seq_dims=(-2,)),
+    # logsumexp and amax over the sequence: autosp.logsumexp / autosp.amax, replicated
+    Case("logsumexp_pooled", lambda h, d: h.logsumexp(d, keepdim=True), None, seq_dims=(1,), pooled=True),
+    Case("amax_pooled", lambda h, d: h.amax(d), None, seq_dims=(-2,), pooled=True),
     # var over the sequence: x - mean(x) feeds the mean back onto the tokens (below)
     Case("var", lambda h, d: h.var(d, keepdim=True), "torch.aten.sub.Tensor", seq_dims=(1,), pooled=True),
     # ... but fed back onto the tokens, each rank's gradient of the sum would be its own

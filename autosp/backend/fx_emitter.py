@@ -42,7 +42,7 @@ from autosp.ir.contract import (
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
-from autosp.runtime import attention, collectives
+from autosp.runtime import attention, collectives, sequence_ops
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
 _INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
@@ -82,6 +82,10 @@ _AUTOSP_OPS = {
     contract.HALO: (collectives.halo, ("x", "seq_len")),
     contract.GRAD_SHARE: (collectives.grad_share, ("x",)),
     contract.MASKED_SCATTER: (collectives.masked_scatter, ("x", "mask", "source", "seq_len")),
+    contract.LOCAL_POSITIONS: (sequence_ops.local_positions, ("positions", "seq_len")),
+    contract.SEQ_SOFTMAX: (sequence_ops.softmax, ("x",)),
+    contract.SEQ_LOGSUMEXP: (sequence_ops.logsumexp, ("x",)),
+    contract.SEQ_AMAX: (sequence_ops.amax, ("x",)),
 }
 
 

@@ -205,5 +205,57 @@ irdl.dialect @autosp {
     irdl.results(output: %int)
     irdl.attributes { "lo" = %lo, "trim" = %trim, "group" = %group }
   }
+  // Positions of the window [lo, seq_len - trim) of the sequence (index j: frame position
+  // lo + j; negative j from the window's end), replicated, -> this rank's local row of
+  // each, or its local length (one past its rows) where another rank holds it. With the
+  // sharded value padded by one zero row along the sequence, an index/gather/select by
+  // these positions gives this rank's rows and zeros elsewhere: summed over the group
+  // (autosp.all_reduce), the rows one device selects. Out-of-window positions raise.
+  irdl.operation @local_positions {
+    %tensor = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(positions: %tensor, seq_len: %int)
+    irdl.results(output: %tensor)
+    irdl.attributes { "lo" = %lo, "trim" = %trim, "group" = %group }
+  }
+  // softmax (log = 0) or log_softmax (log = 1) along the sharded sequence dim `dim`, over
+  // the whole sequence of the group: a max all-reduce, then a sum of exponentials; the
+  // backward all-reduces its one sum over the sequence. Sharded -> sharded, same window.
+  // `dtype`: the op's dtype argument as an element type ("f32"), "" for none.
+  irdl.operation @softmax {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %dim = irdl.base "#builtin.integer"
+    %log = irdl.base "#builtin.integer"
+    %dtype = irdl.base "#builtin.string"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "log" = %log, "dtype" = %dtype, "group" = %group }
+  }
+  // logsumexp / amax (keepdim) of a sharded value along its sequence dim `dim`, over the
+  // group: replicated. Backward local: each rank's positions take their share of the
+  // replicated gradient (amax splits a tie over the tied positions of every rank).
+  irdl.operation @logsumexp {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %dim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "group" = %group }
+  }
+  irdl.operation @amax {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %dim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "group" = %group }
+  }
 }
 }

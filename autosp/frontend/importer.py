@@ -46,7 +46,8 @@ from autosp.runtime import fsdp
 # manual attention; activations and layer norm, because their decompositions save more
 # for backward (torch-mlir's layer norm computes its variance in f64 and keeps x - mean,
 # its square and the f64 copy: 3.5x the input's bytes where the fused op keeps mean/rstd).
-_KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu", "layer_norm")
+# logsumexp: autosp splits it over the sequence whole (autosp.logsumexp), not as its parts.
+_KEEP_WHOLE = ("scaled_dot_product", "softmax", "silu", "gelu", "layer_norm", "logsumexp")
 
 
 # torch-mlir's backend pipeline decomposes these unless told they are legal.
@@ -56,7 +57,10 @@ BACKEND_LEGAL_OPS = ("aten._softmax", "aten.softmax.int", "aten._safe_softmax", 
                      # kept whole: its decomposition (arange, unsqueeze, eq) carries no shape binding
                      "aten.one_hot",
                      # kept whole: decomposed into uniform + log it draws other numbers than ATen does
-                     "aten.exponential")
+                     "aten.exponential",
+                     # kept whole: autosp splits them over the sequence as they are (autosp.softmax,
+                     # autosp.logsumexp, autosp.amax), not as the max.dim / sum their decompositions write
+                     "aten._log_softmax", "aten.log_softmax.int", "aten.logsumexp", "aten.amax")
 
 
 def decomposition_table() -> dict:

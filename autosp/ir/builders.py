@@ -37,6 +37,14 @@ def constant_int(value: int) -> ir.Value:
                                ).result
 
 
+def literal_ints(values: list[int]) -> ir.Value:
+    """A ``torch.vtensor.literal`` of the int64 ``values`` (a 1-d tensor)."""
+    n = len(values)
+    attr = ir.Attribute.parse(f"dense<[{', '.join(map(str, values))}]> : tensor<{n}xsi64>")
+    return ir.Operation.create("torch.vtensor.literal", results=[vtensor_type([n], "si64")],
+                               attributes={"value": attr}).result
+
+
 def constant_none() -> ir.Value:
     return ir.Operation.create("torch.constant.none", results=[ir.Type.parse("!torch.none")]).result
 

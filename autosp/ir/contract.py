@@ -86,6 +86,11 @@ GRAD_SHARE = _op("autosp.grad_share",
                  "identity forward; backward 1/P of the gradient: a value every rank computes whole")
 HALO = _op("autosp.halo", "a shard with the positions before it prepended: a causal convolution's input")
 VOCAB_LOGPROB = _op("autosp.vocab_logprob", "the LM head's log-probability of each label, in row chunks")
+LOCAL_POSITIONS = _op("autosp.local_positions",
+                      "positions of a window -> this rank's local rows (its length where another rank holds one)")
+SEQ_SOFTMAX = _op("autosp.softmax", "softmax / log_softmax along the sharded sequence dim, over the group")
+SEQ_LOGSUMEXP = _op("autosp.logsumexp", "logsumexp along the sharded sequence dim, over the group: replicated")
+SEQ_AMAX = _op("autosp.amax", "amax along the sharded sequence dim, over the group: replicated")
 RING_ATTENTION = _op("autosp.ring_attention", "softmax attention with K/V blocks travelling a ring")
 
 

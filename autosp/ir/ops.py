@@ -16,7 +16,17 @@ from __future__ import annotations
 
 import functools
 
-from autosp.ir.contract import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, LOCAL_LEN, REDUCE_SCATTER, RING_ATTENTION
+from autosp.ir.contract import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    LOCAL_LEN,
+    REDUCE_SCATTER,
+    RING_ATTENTION,
+    SEQ_AMAX,
+    SEQ_LOGSUMEXP,
+    SEQ_SOFTMAX,
+)
 
 # ---------------------------------------------------------------- attention
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
@@ -102,6 +112,18 @@ INDEX_OPS = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
 ARANGE_OPS = ("torch.aten.arange", "torch.aten.arange.start", "torch.aten.arange.start_step")
 UNSQUEEZE_OP = "torch.aten.unsqueeze"
 SELECT_OP = "torch.aten.select.int"
+# Ops that pick positions by an index tensor along a dim (operand 1) from operand 0.
+GATHER_OP = "torch.aten.gather"
+INDEX_SELECT_OP = "torch.aten.index_select"
+CONSTANT_PAD_OP = "torch.aten.constant_pad_nd"
+SQUEEZE_DIM_OP = "torch.aten.squeeze.dim"
+# Softmax along a dim (operand 1) that autosp splits over the sequence (autosp.softmax), and
+# whether it is the log-softmax.
+SEQUENCE_SOFTMAX = {"torch.aten.softmax.int": False, "torch.aten._softmax": False,
+               "torch.aten.log_softmax.int": True, "torch.aten._log_softmax": True}
+# Reductions along dims (operand 1, a list) with keepdim (operand 2) that split over the
+# sequence by a max and a sum of exponentials (autosp.logsumexp / autosp.amax).
+SEQUENCE_REDUCTIONS = {"torch.aten.logsumexp": SEQ_LOGSUMEXP, "torch.aten.amax": SEQ_AMAX}
 # Ops (name prefixes) that read values but compute no tensor of the layout problem.
 NO_LAYOUT = ("torch.constant.", "torch.prim.ListConstruct", "torch.symbolic_int", "torch.bind_symbolic_shape",
              "torch.vtensor.literal", "func.return", LOCAL_LEN)
@@ -119,7 +141,8 @@ ATTENTION_RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsa
 
 # ---------------------------------------------------------------- collectives
 # (the names: autosp.ir.contract, with every autosp.* attribute)
-COMMUNICATION_OPS = (ALL_TO_ALL, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RING_ATTENTION)
+COMMUNICATION_OPS = (ALL_TO_ALL, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RING_ATTENTION, SEQ_SOFTMAX, SEQ_LOGSUMEXP,
+                     SEQ_AMAX)
 
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.
