@@ -747,3 +747,35 @@ func.func @logsumexp_amax(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w
   %max = torch.aten.amax %e, %dims, %true : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,1,32],f32>
   return %lse, %max : !torch.vtensor<[2,32],f32>, !torch.vtensor<[2,1,32],f32>
 }
+
+// -----
+
+// The position of the largest value along the sequence (max.dim: values and indices):
+// autosp.amax for the values, autosp.argmax for the positions (window coordinates),
+// both replicated. argmax alone: only autosp.argmax.
+// CHECK-LABEL: func.func @max_dim_and_argmax
+// CHECK: %[[S:.*]] = torch.aten.size.int
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[V:.*]] = "autosp.amax"(%[[E]]) {dim = 1 : i64, group = "sp"} : (!torch.vtensor<[2,?,32],f32>) -> !torch.vtensor<[2,1,32],f32>
+// CHECK: %[[V2:.*]] = torch.aten.squeeze.dim %[[V]]
+// CHECK: %[[I:.*]] = "autosp.argmax"(%[[E]], %[[S]]) {dim = 1 : i64, group = "sp", lo = 0 : i64, trim = 0 : i64} : (!torch.vtensor<[2,?,32],f32>, !torch.int) -> !torch.vtensor<[2,1,32],si64>
+// CHECK: %[[I2:.*]] = torch.aten.squeeze.dim %[[I]]
+// CHECK-NOT: torch.aten.max.dim
+// CHECK: %[[J:.*]] = "autosp.argmax"(%[[E]], %[[S]])
+// CHECK-NOT: "autosp.amax"
+// CHECK: return %[[V2]], %[[I2]], %[[J]]
+func.func @max_dim_and_argmax(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                              %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,32],f32>, !torch.vtensor<[2,32],si64>, !torch.vtensor<[2,1,32],si64>) {
+  %int-1 = torch.constant.int -1
+  %int1 = torch.constant.int 1
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %values, %indices = torch.aten.max.dim %e, %int1, %false : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,32],f32>, !torch.vtensor<[2,32],si64>
+  %v2, %i2 = torch.aten.max.dim %e, %int1, %true : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,1,32],f32>, !torch.vtensor<[2,1,32],si64>
+  return %values, %indices, %i2 : !torch.vtensor<[2,32],f32>, !torch.vtensor<[2,32],si64>, !torch.vtensor<[2,1,32],si64>
+}

@@ -330,7 +330,7 @@ func.func @dim_none(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
   torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
   %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
   torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
-  // expected-error@+1 {{'torch.aten.argmax' op reduces over the sequence dimension (1)}}
+  // expected-error@+1 {{'torch.aten.argmax' op is 'torch.aten.argmax' over every dim (the flattened tensor); autosp splits it over the sequence dim alone}}
   %x = torch.aten.argmax %e, %none, %false : !torch.vtensor<[2,?,32],f32>, !torch.none, !torch.bool -> !torch.vtensor<[],si64>
   return %x : !torch.vtensor<[],si64>
 }

@@ -373,21 +373,23 @@ class Rules:
 
     def decide_reduction(self, op, layouts, res_dims) -> Decision | None:
         """softmax / log_softmax along the sequence dim of a sharded operand 0 (result
-        sharded alike, :data:`Action.SEQ_SOFTMAX`), and logsumexp / amax over the sequence dim
-        alone (result replicated, :data:`Action.SEQ_REDUCE`); None for other ops. A reduction
-        over the sequence and other dims together is diagnosed."""
+        sharded alike, :data:`Action.SEQ_SOFTMAX`), and logsumexp / amax / argmax / max.dim
+        over the sequence dim alone (results replicated, :data:`Action.SEQ_REDUCE`); None for
+        other ops, or along other dims. Over the sequence and other dims together (or every
+        dim: ``argmax(x)``), diagnosed."""
         name = _schema_name(op)
         if not layouts or not isinstance(layouts[0], SequenceSharded) or \
-                (name not in ops.SEQUENCE_SOFTMAX and name not in ops.SEQUENCE_REDUCTIONS):
+                (name not in ops.SEQUENCE_SOFTMAX and name not in ops.SEQUENCE_REDUCTIONS and name not in ops.ARGMAX_OPS):
             return None
         lay, rank = layouts[0], len(self.info.dims.get(op.operands[0]) or ())
         dims = _read_dims(op.operands[1])
-        if dims is None or dims == "all" or not rank:
-            along = None
-        else:
-            along = sorted({d % rank for d in dims})
-        if along is None or lay.dim not in along:
-            return None if along is not None else self._reduction_error(op, name, "a dim that is not a constant")
+        if dims is None or not rank:
+            self._reduction_error(op, name, "a dim that is not a constant")
+        if dims == "all":
+            self._reduction_error(op, name, "every dim (the flattened tensor)")
+        along = sorted({d % rank for d in dims})
+        if lay.dim not in along:
+            return None
         if along != [lay.dim]:
             self._reduction_error(op, name, f"dims {along}, the sequence dim ({lay.dim}) among others")
         if name in ops.SEQUENCE_SOFTMAX:

@@ -47,6 +47,7 @@ from autosp.ir.contract import (
     PARAMETER_ATTR,
     REWINDOW,
     SCAN_GROUP_ATTR,
+    SEQ_ARGMAX,
     SEQ_ATTR,
     SEQ_SOFTMAX,
     SHARD,
@@ -119,9 +120,10 @@ class ShardSequence(ModulePass):
        row, or that zero row where another rank holds the position), and the result is
        summed over the group (``autosp.all_reduce``), replicated, as a sum's is (rule 3).
        ``softmax``/``log_softmax`` along the sequence become ``autosp.softmax`` (sharded
-       like their input); ``logsumexp``/``amax`` over the sequence dim alone become
-       ``autosp.logsumexp``/``autosp.amax`` (replicated). ``argmax``, ``topk`` and
-       reductions over the sequence together with other dims stay diagnosed (rule 6).
+       like their input); ``logsumexp``/``amax``/``argmax`` over the sequence dim alone
+       become ``autosp.logsumexp``/``autosp.amax``/``autosp.argmax`` (replicated; a
+       ``max.dim`` both). ``topk``, ``sort`` and reductions over the sequence together
+       with other dims stay diagnosed (rule 6).
 
     Returned sequence-sharded values stay local, or are gathered (``gather-outputs``).
     Shards may differ in length by one when P does not divide S: no padding, no
@@ -418,22 +420,43 @@ class _Rewriter:
                               log=int(ops.SEQUENCE_SOFTMAX[ops.operator_name(op)]), dtype=dtype, group=self.group)
         return self._replace(op, new)
 
-    def seq_reduce(self, op, dim: int) -> ir.Value:
-        """logsumexp / amax over the sequence dim as ``autosp.logsumexp`` / ``autosp.amax``
-        (keepdim; squeezed after where the op does not keep it)."""
-        x, result = op.operands[0], op.results[0]
+    def seq_reduce(self, op, lay: SequenceSharded) -> list:
+        """logsumexp / amax / argmax over the sequence dim as ``autosp.logsumexp`` /
+        ``autosp.amax`` / ``autosp.argmax`` (keepdim; squeezed after where the op does not
+        keep it); ``max.dim``'s values as ``autosp.amax``, its indices as ``autosp.argmax``.
+        Returns the new results (none for a result nobody uses)."""
+        x, name, dim = op.operands[0], ops.operator_name(op), lay.dim
         keep = const_bool(op.operands[2]) if len(op.operands) > 2 else False
         shape = b.vtensor_shape(x.type)
-        out = b.vtensor_shape(result.type)
-        assert shape is not None and out is not None  # tensors
+        assert shape is not None  # a tensor
         kept = list(shape[0])
         kept[dim] = 1
+        if name == "torch.aten.max.dim":
+            kinds = [ops.SEQUENCE_REDUCTIONS["torch.aten.amax"], SEQ_ARGMAX]
+        else:
+            kinds = [SEQ_ARGMAX if name in ops.ARGMAX_OPS else ops.SEQUENCE_REDUCTIONS[name]]
+        news = []
         with ir.InsertionPoint(op), op.location:
-            new = b.autosp_op(ops.SEQUENCE_REDUCTIONS[ops.operator_name(op)], [x],
-                              result.type if keep else b.vtensor_type(kept, out[1]), dim=dim, group=self.group)
-            if not keep:
-                new = b.torch_op(ops.SQUEEZE_DIM_OP, [new, b.constant_int(dim)], result.type)
-        return self._replace(op, new)
+            for kind, result in zip(kinds, op.results):
+                if not any(op_name(use.owner) != ops.BIND_SHAPE for use in result.uses):
+                    continue  # (max.dim's values when only its indices are used: no collective for them)
+                out = b.vtensor_shape(result.type)
+                assert out is not None  # a tensor
+                type_ = result.type if keep else b.vtensor_type(kept, out[1])
+                if kind == SEQ_ARGMAX:
+                    new = b.autosp_op(kind, [x, self.seq_len], type_, dim=dim, lo=lay.window.lo,
+                                      trim=lay.window.trim, group=self.group)
+                else:
+                    new = b.autosp_op(kind, [x], type_, dim=dim, group=self.group)
+                if not keep:
+                    new = b.torch_op(ops.SQUEEZE_DIM_OP, [new, b.constant_int(dim)], result.type)
+                result.replace_all_uses_with(new)
+                news.append(new)
+        for result in op.results:  # what is left: shape bindings of a result nobody uses
+            for use in list(result.uses):
+                use.owner.erase()
+        op.erase()
+        return news
 
     def _replace(self, op, new) -> ir.Value:
         op.results[0].replace_all_uses_with(new)
@@ -552,10 +575,12 @@ class _Propagation:
             self.param_derived.update([new] if derived else [])
             return
         elif decision.action is Action.SEQ_REDUCE:
-            assert decision.index_dim is not None, decision  # Rules set the sequence dim
-            new = self.rewriter.seq_reduce(op, decision.index_dim)
-            self.from_sequence_sums[new] = new.owner
-            self.param_derived.update([new] if derived else [])
+            source = self.layout(op.operands[0])
+            assert isinstance(source, SequenceSharded), source  # Rules reduce a sharded operand 0
+            for new in self.rewriter.seq_reduce(op, source):
+                if (b.vtensor_shape(new.type) or ((), ""))[1].startswith(("f", "bf")):  # (positions: no gradient)
+                    self.from_sequence_sums[new] = new.owner
+                self.param_derived.update([new] if derived else [])
             return
         elif decision.action is Action.HALO:
             self.rewriter.halo(op, decision.sharded(), decision.halo)

@@ -67,7 +67,8 @@ CASES = [
     # refused as a sum is, below; pooled into the loss they are exact)
     Case("amax", lambda h, d: _keep(h.amax(d, keepdim=True), h), "torch.aten.add.Tensor", seq_dims=(-2,)),
     Case("amin", lambda h, d: _keep(h.amin(d, keepdim=True), h), "torch.aten.min.dim", seq_dims=(1,)),
-    Case("argmax", lambda h, d: _keep(h.argmax(d, keepdim=True).float(), h), "torch.aten.max.dim", seq_dims=(1,)),
+    # argmax over the sequence: autosp.argmax (its positions replicated, no gradient)
+    Case("argmax", lambda h, d: _keep(h.argmax(d, keepdim=True).float(), h), None, seq_dims=(1,)),
     Case("prod", lambda h, d: _keep(h.prod(d, keepdim=True), h), "torch.aten.prod.dim_int", seq_dims=(1,)),
     Case("logsumexp", lambda h, d: _keep(h.logsumexp(d, keepdim=True), h), "torch.aten.add.Tensor", seq_dims=(1,)),
     Case("norm", lambda h, d: _keep(h.norm(dim=d, keepdim=True), h), "torch.aten.linalg_vector_norm", seq_dims=(1,)),

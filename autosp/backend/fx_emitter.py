@@ -86,6 +86,7 @@ _AUTOSP_OPS = {
     contract.SEQ_SOFTMAX: (sequence_ops.softmax, ("x",)),
     contract.SEQ_LOGSUMEXP: (sequence_ops.logsumexp, ("x",)),
     contract.SEQ_AMAX: (sequence_ops.amax, ("x",)),
+    contract.SEQ_ARGMAX: (sequence_ops.argmax, ("x", "seq_len")),
 }
 
 

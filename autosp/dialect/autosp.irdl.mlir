@@ -257,5 +257,20 @@ irdl.dialect @autosp {
     irdl.results(output: %result)
     irdl.attributes { "dim" = %dim, "group" = %group }
   }
+  // argmax (keepdim) of a sharded value along its sequence dim `dim` over the group: the
+  // first position (index j of the window [lo, seq_len - trim)) of the largest value,
+  // replicated, int64. The ranks' (value, position) pairs are gathered.
+  irdl.operation @argmax {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %int = irdl.base "!torch.int"
+    %dim = irdl.base "#builtin.integer"
+    %lo = irdl.base "#builtin.integer"
+    %trim = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor, seq_len: %int)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "lo" = %lo, "trim" = %trim, "group" = %group }
+  }
 }
 }

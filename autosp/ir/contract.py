@@ -91,6 +91,7 @@ LOCAL_POSITIONS = _op("autosp.local_positions",
 SEQ_SOFTMAX = _op("autosp.softmax", "softmax / log_softmax along the sharded sequence dim, over the group")
 SEQ_LOGSUMEXP = _op("autosp.logsumexp", "logsumexp along the sharded sequence dim, over the group: replicated")
 SEQ_AMAX = _op("autosp.amax", "amax along the sharded sequence dim, over the group: replicated")
+SEQ_ARGMAX = _op("autosp.argmax", "argmax along the sharded sequence dim, over the group: replicated positions")
 RING_ATTENTION = _op("autosp.ring_attention", "softmax attention with K/V blocks travelling a ring")
 
 

@@ -24,6 +24,7 @@ from autosp.ir.contract import (
     REDUCE_SCATTER,
     RING_ATTENTION,
     SEQ_AMAX,
+    SEQ_ARGMAX,
     SEQ_LOGSUMEXP,
     SEQ_SOFTMAX,
 )
@@ -124,6 +125,9 @@ SEQUENCE_SOFTMAX = {"torch.aten.softmax.int": False, "torch.aten._softmax": Fals
 # Reductions along dims (operand 1, a list) with keepdim (operand 2) that split over the
 # sequence by a max and a sum of exponentials (autosp.logsumexp / autosp.amax).
 SEQUENCE_REDUCTIONS = {"torch.aten.logsumexp": SEQ_LOGSUMEXP, "torch.aten.amax": SEQ_AMAX}
+# Reductions to the position of the largest value along a dim (operand 1, an int), with
+# keepdim (operand 2): autosp.argmax; max.dim's values are autosp.amax's.
+ARGMAX_OPS = ("torch.aten.argmax", "torch.aten.max.dim")
 # Ops (name prefixes) that read values but compute no tensor of the layout problem.
 NO_LAYOUT = ("torch.constant.", "torch.prim.ListConstruct", "torch.symbolic_int", "torch.bind_symbolic_shape",
              "torch.vtensor.literal", "func.return", LOCAL_LEN)
@@ -142,7 +146,7 @@ ATTENTION_RESHAPES = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsa
 # ---------------------------------------------------------------- collectives
 # (the names: autosp.ir.contract, with every autosp.* attribute)
 COMMUNICATION_OPS = (ALL_TO_ALL, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RING_ATTENTION, SEQ_SOFTMAX, SEQ_LOGSUMEXP,
-                     SEQ_AMAX)
+                     SEQ_AMAX, SEQ_ARGMAX)
 
 # ---------------------------------------------------------------- side effects (dead-code elimination)
 # Ops that must stay even when their results are unused.

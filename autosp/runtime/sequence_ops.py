@@ -146,3 +146,42 @@ def amax(x: torch.Tensor, *, dim: int, group: str) -> torch.Tensor:
     if collectives.group_size(group) == 1:
         return torch.amax(x, dim, keepdim=True)
     return _Amax.apply(x, dim % x.dim(), group)
+
+
+def argmax(x: torch.Tensor, seq_len: int, *, dim: int, lo: int, trim: int, group: str) -> torch.Tensor:
+    """``argmax(x, dim, keepdim=True)`` over the group's whole window ``[lo, seq_len - trim)``
+    of a sharded ``x`` (replicated, int64, index j = frame position ``lo + j``): the first
+    position of the largest value, as one device gives it. Each rank's first local maximum
+    is its smallest position among its ties (a rank holds its pieces in sequence order);
+    the ranks' (value, position) pairs are gathered and the smallest position of the largest
+    value wins. Not differentiable (an index)."""
+    dim %= x.dim()
+    p = collectives.group_size(group)
+    if p == 1:
+        return x.argmax(dim, keepdim=True)
+    pieces = collectives.spans(seq_len, lo, trim, collectives.layout(group), collectives.group_rank(group))
+    with torch.no_grad():
+        if x.shape[dim] == 0:
+            shape = list(x.shape)
+            shape[dim] = 1
+            values = x.new_full(shape, -torch.inf)
+            index = torch.zeros(shape, dtype=torch.int64, device=x.device)
+        else:
+            values, index = x.max(dim, keepdim=True)
+        position = torch.full_like(index, seq_len)  # past every position: a rank without rows never wins
+        offset = 0
+        for a, b in pieces:
+            held = (index >= offset) & (index < offset + (b - a))
+            position = torch.where(held, index - offset + a - lo, position)
+            offset = offset + (b - a)
+        if collectives.simulating():
+            return position
+        collectives.record("all_gather", group, values.contiguous())
+        all_values = [torch.empty_like(values) for _ in range(p)]
+        all_positions = [torch.empty_like(position) for _ in range(p)]
+        dist.all_gather(all_values, values.contiguous(), group=collectives.process_group(group))
+        dist.all_gather(all_positions, position.contiguous(), group=collectives.process_group(group))
+        stacked_values, stacked_positions = torch.stack(all_values), torch.stack(all_positions)
+        best = stacked_values.amax(0, keepdim=True)
+        tied = torch.where(stacked_values == best, stacked_positions, torch.full_like(stacked_positions, seq_len))
+        return tied.amin(0)
