@@ -23,7 +23,6 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-from autosp.testing.distributed import run_ranks  # noqa: E402
 from test_hf_trainer import (  # noqa: E402
     TIMEOUT,
     VOCAB,
@@ -34,6 +33,8 @@ from test_hf_trainer import (  # noqa: E402
     _tokenizer,
     _torchrun_env,
 )
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
 STEPS = 3

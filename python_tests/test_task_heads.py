@@ -176,3 +176,46 @@ def test_negative_control_pooled_row_from_the_local_shard_breaks_parity(_fresh_s
     for rank, per_model in results.items():
         for name, r in per_model.items():
             assert r["steps"][0]["outputs"] > 1e-3, (name, rank, r)
+
+
+def _reductions_body(rank, world, queue, seq, seed):
+    """Each runtime reduction over a sharded dim against torch on the whole tensor, forward
+    and backward, with ties across the ranks (a constant row: every position ties)."""
+    from autosp.runtime import collectives, sequence_ops
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, seq, 3, generator=gen)
+    x[1] = 0.5  # row 1: every position ties (amax splits its gradient over all of them; argmax: position 0)
+    x[0, 2, 0] = x[0, seq - 2, 0] = x[0, :, 0].max() + 1.0  # ties on two ranks: argmax takes the first
+    dy = torch.randn(2, seq, 3, generator=gen)
+    errors = {}
+    cases = {
+        "softmax": (lambda t: torch.softmax(t, 1), lambda t: sequence_ops.softmax(t, dim=1, log=0, group="sp"), True),
+        "log_softmax": (lambda t: torch.log_softmax(t, 1),
+                        lambda t: sequence_ops.softmax(t, dim=1, log=1, group="sp"), True),
+        "logsumexp": (lambda t: torch.logsumexp(t, 1, keepdim=True),
+                      lambda t: sequence_ops.logsumexp(t, dim=1, group="sp"), False),
+        "amax": (lambda t: torch.amax(t, 1, keepdim=True), lambda t: sequence_ops.amax(t, dim=1, group="sp"), False),
+    }
+    for name, (full, split, sharded_out) in cases.items():
+        ref_in = x.clone().requires_grad_(True)
+        ref = full(ref_in)
+        weight = dy if sharded_out else dy[:, :1]
+        (ref * weight).sum().backward()
+        mine = collectives.shard(x, seq, 1, 0, 0, "sp").clone().requires_grad_(True)
+        out = split(mine)
+        mine_w = collectives.shard(weight, seq, 1, 0, 0, "sp") if sharded_out else weight
+        (out * mine_w).sum().backward()
+        ref_out = collectives.shard(ref.detach(), seq, 1, 0, 0, "sp") if sharded_out else ref.detach()
+        errors[name] = max((out.detach() - ref_out).abs().max().item(),
+                           (mine.grad - collectives.shard(ref_in.grad, seq, 1, 0, 0, "sp")).abs().max().item())
+    local = collectives.shard(x, seq, 1, 0, 0, "sp")
+    errors["argmax"] = float((sequence_ops.argmax(local, seq, dim=1, lo=0, trim=0, group="sp")
+                              != x.argmax(1, keepdim=True)).sum())
+    queue.put((rank, errors))
+
+
+@pytest.mark.parametrize("world,seq", [(2, 15), (4, 19)])
+def test_reductions_over_the_sequence_match_torch_with_ties(world, seq, _fresh_seed):
+    results = run_ranks(_reductions_body, world, args=(seq, _fresh_seed % 10000))
+    for rank, errors in results.items():
+        assert max(errors.values()) <= 1e-6, (rank, errors)
