@@ -39,7 +39,11 @@ _CHUNK = 1 << 22  # elements read at a time
 
 HINT = ("every rank of a sequence-parallel group must pass the same full-sequence inputs (a DistributedSampler, "
         "or Hugging Face Trainer's default data loader, gives each rank its own batch: shard the data over "
-        "data-parallel replicas only, e.g. with autosp.data.DistributedSampler or autosp.hf.Trainer)")
+        "data-parallel replicas only, e.g. with autosp.data.DistributedSampler or autosp.hf.Trainer). autosp.hf's "
+        "data loaders already do: there, the batch became per-rank after loading, e.g. sampled or shuffled from a "
+        "per-process seed (set_seed(seed, device_specific=True), as TRL's online trainers do): seed by data-parallel "
+        "replica (autosp.data.data_parallel_rank) or broadcast from the group's first rank; "
+        "autosp.hf.sequence_parallel does both for GRPOTrainer and RLOOTrainer")
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor:

@@ -307,8 +307,11 @@ def _sft(trainer_cls, output_dir, case, overrides=None, **extra):
                           **extra)
     trainer.train()
     wrapped = trainer.model_wrapped
-    programs = len(wrapped.gathered.programs) if hasattr(wrapped, "gathered") else None
-    out = {"losses": _losses(trainer), "params": _full_params(trainer.model), "programs": programs}
+    head = getattr(wrapped, "_logprob_head", None)  # TRL's fused LM head: the tiled log-prob path (hf.logprobs)
+    programs = len(head.compiled.programs) if head is not None else None
+    gathered = len(wrapped.gathered.programs) if getattr(wrapped, "gathered", None) is not None else 0
+    out = {"losses": _losses(trainer), "params": _full_params(trainer.model), "programs": programs,
+           "gathered": gathered}
     if overrides and overrides.get("fsdp"):
         out.update(_state_bytes(trainer))
         trainer.save_model(os.path.join(output_dir, "final"))
@@ -346,8 +349,9 @@ def test_trl_sft_sp2_matches_single_process(tmp_path):
             assert len(got["losses"]) == STEPS and loss_err <= LOSS_TOL
             assert param_err <= PARAM_TOL
             # TRL computes its loss from per-token log-probabilities outside the model (fused_lm_head=True): one
-            # gathered-outputs program, whatever each batch's flattened length
-            assert got["programs"] == 1
+            # program of the model's body (the tiled LM head runs on its sharded hidden states), whatever each
+            # batch's flattened length, and no gathered-logits program
+            assert got["programs"] == 1 and got["gathered"] == 0
 
 
 # ---------------------------------------------------------------------------- negative control

@@ -24,9 +24,14 @@ How the data contract is kept (docs/DESIGN.md §7, "Trainers are users too"):
 - **Outputs**: a training call with ``labels`` runs the sequence-sharded program (the loss is
   computed in the model, logits stay sharded). Calls whose outputs are used outside the model
   (evaluation and prediction, a call without ``labels`` as ``compute_loss_func`` or label
-  smoothing make, TRL's ``fused_lm_head=True`` per-token log-probabilities) run a second
-  program with ``gather_outputs=True``: every rank holds the full outputs and computes the same
-  loss from them, and the gather's backward hands each rank its own positions.
+  smoothing make) run a second program with ``gather_outputs=True``: every rank holds the full
+  outputs and computes the same loss from them, and the gather's backward hands each rank its
+  own positions. TRL's ``fused_lm_head=True`` per-token log-probabilities run on each rank's
+  hidden states through a tiled LM head, and only the per-token values are gathered
+  (:mod:`autosp.hf.logprobs`).
+- **Online RL** (TRL's ``GRPOTrainer``, ``RLOOTrainer``): the SP group shares its replica's
+  generations, rewards and random state, and TRL's cross-process collectives count an SP
+  group as one process (:mod:`autosp.hf.rl`).
 - **Saving**: ``Trainer.model`` stays the user's model (its ``config``, ``loss_type``, forward
   signature for ``remove_unused_columns``), so ``save_model``, checkpoints and
   ``resume_from_checkpoint`` are the Trainer's own.
@@ -56,6 +61,7 @@ from torch.utils import _pytree as pytree
 from transformers.utils import ModelOutput
 
 from autosp.data import data_parallel_rank
+from autosp.hf.logprobs import LogProbHead
 from autosp.ir.diagnostics import AutospError
 
 # Keyword arguments of varlen (flash) attention that TRL's padding-free collator adds. Models with
@@ -76,8 +82,10 @@ _OWNED_OPTIONS = {
 @dataclass
 class FusedLogProbsOutput(ModelOutput):
     """What TRL's fused LM head returns for ``model(..., labels=labels, fused_lm_head=True)``
-    (``trl.trainer.utils.FusedCausalLMOutput``), computed from the gathered logits: per-token
-    fields are zero where the label is ``-100``."""
+    (``trl.trainer.utils.FusedCausalLMOutput``): per-token fields are zero where the label is
+    ``-100``. Computed on each rank's own positions by a tiled LM head and gathered as
+    ``[B, S]`` vectors (:mod:`autosp.hf.logprobs`); from the gathered logits only for a model
+    that is not a causal LM with a linear head."""
 
     loss: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
@@ -177,8 +185,12 @@ class SequenceParallelModel(torch.nn.Module):
         return module(*args, **kwargs)
 
     def _fused_lm_head(self, args, kwargs, num_items_in_batch) -> FusedLogProbsOutput:
-        """TRL's ``fused_lm_head=True`` protocol: per-token log-probabilities of the labels, from
-        the full (gathered) logits; every rank computes the same values."""
+        """TRL's ``fused_lm_head=True`` protocol: per-token log-probabilities of the labels (and
+        entropy, ``log sum p^2``, mean logit, top-1), every rank the same values. Each rank
+        projects its own positions of the sequence-sharded hidden state through the LM head in
+        chunks of rows and only the [B, S] vectors are gathered (:mod:`autosp.hf.logprobs`);
+        a model without a causal-LM backbone and linear head is answered from the gathered
+        logits instead. The head is compiled at the first call, on every rank together."""
         labels = kwargs.pop("labels", None)
         shift_labels = kwargs.pop("shift_labels", None)
         if labels is None and shift_labels is None:
@@ -186,6 +198,22 @@ class SequenceParallelModel(torch.nn.Module):
         if kwargs.get("output_router_logits"):
             raise AutospError("fused_lm_head=True with output_router_logits (an MoE load-balancing loss) is not "
                               "supported by autosp.hf yet")
+        head = getattr(self, "_logprob_head", None)
+        if head is None:  # False: not a causal LM with a linear head
+            head = LogProbHead.for_model(self.model, self.sp_size, self.options) or False
+            self._logprob_head = head  # a plain object (not a submodule): the parameters stay the model's
+        if head:
+            fields = head(args, kwargs, labels, shift_labels, self.temperature)
+        else:
+            fields = self._fused_from_gathered_logits(args, kwargs, labels, shift_labels)
+        mask = fields["label_mask"]
+        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        loss = -fields["log_probs"].sum() / count
+        return FusedLogProbsOutput(loss=loss, **fields)
+
+    def _fused_from_gathered_logits(self, args, kwargs, labels, shift_labels) -> dict:
+        """The fused fields from the full logits (``gather_outputs=True``): for models the
+        tiled head does not cover."""
         module = self.gathered if self.gathered is not None else self.sharded
         logits = _logits(module(*args, **kwargs))
         if shift_labels is None:
@@ -203,10 +231,8 @@ class SequenceParallelModel(torch.nn.Module):
             log_sum_sq = torch.logsumexp(2 * log_softmax, dim=-1).masked_fill(~mask, 0.0)
             mean_logits = logits.mean(-1).masked_fill(~mask, 0.0)
             is_top1 = (logits.argmax(-1) == targets) & mask
-        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        loss = -log_probs.sum() / count
-        return FusedLogProbsOutput(loss=loss, log_probs=log_probs, entropy=entropy, log_sum_sq_probs=log_sum_sq,
-                                   mean_logits=mean_logits, is_top1=is_top1, label_mask=mask)
+        return dict(log_probs=log_probs, entropy=entropy, log_sum_sq_probs=log_sum_sq, mean_logits=mean_logits,
+                    is_top1=is_top1, label_mask=mask)
 
 
 def _check_options(options: dict) -> dict:
@@ -585,11 +611,12 @@ def sequence_parallel(trainer_cls: type) -> type:
         raise TypeError(f"sequence_parallel expects a transformers.Trainer class, got {trainer_cls!r}")
     if getattr(trainer_cls, "_autosp_sequence_parallel", False):
         return trainer_cls
+    from autosp.hf.rl import rl_bases  # GRPO/RLOO: the SP group shares its replica's generations
     name = f"SequenceParallel{trainer_cls.__name__}"
     doc = (f"``{trainer_cls.__module__}.{trainer_cls.__qualname__}`` with autosp sequence parallelism "
            f"(autosp.hf.sequence_parallel); extra arguments ``sp_size`` and ``autosp_options``.")
-    return type(name, (_SequenceParallelMixin, trainer_cls), {"__doc__": doc, "__module__": __name__,
-                                                             "__qualname__": name})
+    return type(name, (*rl_bases(trainer_cls), _SequenceParallelMixin, trainer_cls),
+                {"__doc__": doc, "__module__": __name__, "__qualname__": name})
 
 
 Trainer: Any = sequence_parallel(transformers.Trainer)
