@@ -41,6 +41,14 @@ from autosp.ir.diagnostics import AutospError
 from autosp.module_checkpointing import request_key, requested_checkpointing
 from autosp.pipeline import PipelineError
 from autosp.planning.plan import MemoryPlan
+from autosp.program_key import (
+    describe_changes,
+    describe_rank_differences,
+    key_fingerprint,
+    module_state_key,
+    state_table,
+    training_flags,
+)
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.context import RuntimeContext
 from autosp.runtime.grad_sync import GradientSync
@@ -225,9 +233,10 @@ class AutospModule(torch.nn.Module):
         return spec, tuple(parts)
 
     def _modes(self) -> tuple:
-        """The ``training`` flag of every submodule: part of a program's key (dropout, and
-        anything else a module does differently in ``train()`` and ``eval()``)."""
-        return tuple(m.training for m in self.module.modules())
+        """The ``training`` flag of every submodule: part of a program's key (in
+        :func:`module_state_key`: dropout, and anything else a module does differently in
+        ``train()`` and ``eval()``)."""
+        return training_flags(module_state_key(self.module))
 
     def compile_for(self, *args, **kwargs) -> CompiledProgram:
         """Compile (or fetch from the cache) the program for this call's signature (its
@@ -237,11 +246,15 @@ class AutospModule(torch.nn.Module):
         return self._program_for(args, kwargs, leaves, spec, check=False)
 
     def _program_for(self, args, kwargs, leaves, spec, check: bool) -> CompiledProgram:
-        modes = self._modes()
-        # What else selects the program: the autocast it is exported under (importer), the
-        # modules' checkpointing switches (module_checkpointing).
+        # What selects the program: the signature; the Python state the trace reads (every
+        # module's plain attributes, train/eval flags included, hooks, config:
+        # autosp.program_key), as the number of that state (_module_state_number); the autocast
+        # it is exported under (importer); the modules' checkpointing switches (module_checkpointing).
+        current = module_state_key(self.module)
+        last = self.__dict__.get("_last_module_state")  # (state, number) of the previous call
+        number = last[1] if last is not None and last[0] == current else self._module_state_number(current)
         state = (autocast_state(), request_key(self.module))
-        key: tuple = (self._signature(leaves, spec), modes, *state)
+        key: tuple = (self._signature(leaves, spec), number, *state)
         program = self._programs.get(key)
         if program is not None and not _fits(program, leaves):
             # an inferred sequence dim the export left static: that size is part of the key
@@ -250,12 +263,64 @@ class AutospModule(torch.nn.Module):
         # The ranks agree on the call before its first collective: on every call, or (with
         # check_inputs=False) when a signature first compiles.
         if check or program is None:
-            self._check_ranks_agree(leaves, spec, modes, state=state)
+            try:
+                self._check_ranks_agree(leaves, spec, training_flags(current),
+                                        state=(*state, ("module state", self._module_state_print(number))))
+            except AutospError as e:  # the same message on every rank: all take the same path
+                if "the program's state" not in str(e):
+                    raise
+                raise AutospError(f"{e}. {self._module_state_differences(number)}") from None
         self._check_call(leaves)  # after the ranks agree: every rank raises it, or none
         if program is None:
+            if last is not None and last[1] != number and self.verbose and (
+                    not dist.is_initialized() or dist.get_rank() == 0):
+                print("[autosp] compiling again: the model's state changed since the last call: " +
+                      "; ".join(describe_changes(self.module, last[0], current)), file=sys.stderr, flush=True)
             program = self._compile(args, kwargs)
             self._programs[key] = program
+            traced = module_state_key(self.module)
+            if traced != current:
+                # forward changed the state it reads (a counter; on the group's first rank, which
+                # traces): the program keeps the values it read, and the changed state is given
+                # this state's number (else every call would trace again, and the ranks disagree)
+                warnings.warn("[autosp] the model's forward changed its own state while it was traced; the "
+                              "compiled program keeps the values it read: " +
+                              "; ".join(describe_changes(self.module, current, traced)), stacklevel=4)
+                self._module_state_numbers.setdefault(traced, number)
+                current = traced
+        self._last_module_state = (current, number)
         return program
+
+    def _module_state_number(self, module_state: tuple) -> int:
+        """The number of a module state (:func:`module_state_key`) in this wrapper's program keys:
+        one per state seen (each compiled a program), so a key is cheap to hash."""
+        numbers = self.__dict__.setdefault("_module_state_numbers", {})
+        number = numbers.get(module_state)
+        if number is None:
+            states = self.__dict__.setdefault("_module_states", [])
+            number = numbers[module_state] = len(states)
+            states.append(module_state)
+        return number
+
+    def _module_state_differences(self, number: int) -> str:
+        """Which module attributes differ between the ranks (a collective: on every rank of the
+        group, after a disagreement every rank saw)."""
+        mine = state_table(self.module, self._module_states[number])
+        tables: list = [None] * dist.get_world_size(self.sp_group)
+        dist.all_gather_object(tables, mine, group=self.sp_group)
+        lines = describe_rank_differences(tables, dist.get_process_group_ranks(self.sp_group))
+        if not lines:
+            return "The module state is the same on every rank"
+        return ("The module state differs (the Python attributes the compiled program bakes in, "
+                "autosp.program_key): " + "; ".join(lines))
+
+    def _module_state_print(self, number: int) -> int:
+        """The checksum of module state ``number`` for the ranks' agreement check (of the state
+        it was first seen in: the same on every rank), computed once."""
+        prints = self.__dict__.setdefault("_module_state_prints", {})
+        if number not in prints:
+            prints[number] = key_fingerprint(self._module_states[number])
+        return prints[number]
 
     def _call_kwargs(self, kwargs: dict) -> dict:
         """The call as compiled: a Hugging Face model that would return a key/value cache

@@ -258,6 +258,7 @@ def _shift_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | Non
     scores nothing: -100), or ``shift_labels`` as given."""
     if shift_labels is not None:
         return shift_labels
+    assert labels is not None  # the caller refuses a call with neither
     return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1)
 
 

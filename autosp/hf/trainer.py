@@ -202,7 +202,7 @@ class SequenceParallelModel(torch.nn.Module):
         if head is None:  # False: not a causal LM with a linear head
             head = LogProbHead.for_model(self.model, self.sp_size, self.options) or False
             self._logprob_head = head  # a plain object (not a submodule): the parameters stay the model's
-        if head:
+        if isinstance(head, LogProbHead):
             fields = head(args, kwargs, labels, shift_labels, self.temperature)
         else:
             fields = self._fused_from_gathered_logits(args, kwargs, labels, shift_labels)
