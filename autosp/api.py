@@ -310,7 +310,8 @@ class AutospModule(torch.nn.Module):
         dist.all_gather_object(tables, mine, group=self.sp_group)
         lines = describe_rank_differences(tables, dist.get_process_group_ranks(self.sp_group))
         if not lines:
-            return "The module state is the same on every rank"
+            return ("The module attributes autosp can name are the same on every rank (compare the autocast and "
+                    "checkpointing entries above, and the names of the modules' attributes)")
         return ("The module state differs (the Python attributes the compiled program bakes in, "
                 "autosp.program_key): " + "; ".join(lines))
 

@@ -127,6 +127,10 @@ _SAME_CONFIG = "<the config above>"
 _SCALAR, _DICT, _SEQ, _CONTAINER, _CALLABLE, _CONFIG, _IGNORED = range(7)
 # Module.__init__'s bookkeeping, and training: a key entry of its own (training_flags).
 _UNTRACKED = frozenset(vars(torch.nn.Module()))
+# torch's composable API (fully_shard, replicate, checkpoint) keeps its state under an
+# attribute named with a fresh uuid per process: never plain data, and its name differs
+# between ranks.
+_COMPOSABLE_STATE = "__composable_api_state_key_"
 
 
 class _Config(tuple):
@@ -252,7 +256,7 @@ class _Plan:
         tracked = []  # (kind, module index, name)
         for i, d in enumerate(self.dicts):
             for k, v in d.items():
-                if k not in _UNTRACKED:
+                if k not in _UNTRACKED and not k.startswith(_COMPOSABLE_STATE):
                     tracked.append((_kind(k, v), i, k))
         tracked.sort(key=lambda e: e[0])  # stable: each kind in module order
         self.owners = [self.dicts[i] for _, i, _ in tracked]

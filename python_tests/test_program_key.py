@@ -146,13 +146,20 @@ from autosp.models import LlamaConfig, LlamaLike
 model = LlamaLike(LlamaConfig(vocab=32, hidden=16, layers=1, heads=2, kv_heads=1))
 model.names = {{"q_proj", "k_proj", "v_proj", "o_proj"}}
 model.table = {{"z": 1, "a": 2}}
+import tempfile
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+fully_shard(model)  # its state sits under an attribute named by a fresh uuid per process
 print(key_fingerprint(module_state_key(model)))
+dist.destroy_process_group()
 """
 
 
 def test_fingerprint_is_the_same_in_every_process():
     """The ranks compare the key's checksum: a set of strings (whose order follows the
-    process's string hashes) must not make two processes differ."""
+    process's string hashes) and fully_shard's state attribute (named by a uuid) must not
+    make two processes differ."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     prints = set()
     for seed in ("1", "2"):
