@@ -49,6 +49,10 @@ _LONGEST_FIRST = (
     "test_sequence_parallel.py::test_torch_compile_after_sequence_parallelism",  # 29 s
     "test_trainer_calls.py::test_trainer_calls_match_single_device_with_linear_memory[2]",  # 28 s
     "test_plan_cli.py::test_composed_report_matches_the_whole_model",  # 24 s
+    "test_gpt_oss.py::test_gpt_oss_matches_single_device[2]",  # 31 s
+    "test_vlm.py::test_the_share_holds_under_torch_compile",  # 30 s
+    "test_program_key.py::test_peft_switches_after_compile_match_eager",  # 28 s
+    "test_task_heads.py::test_task_heads_match_single_device[4-19]",  # 4 ranks, 4 models
 )
 
 
