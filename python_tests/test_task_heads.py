@@ -105,12 +105,7 @@ def _body(rank, world, queue, seq, seed, clamp_to_own_rows):
     from autosp.backend import fx_emitter
     from autosp.ir.contract import LOCAL_POSITIONS
     from autosp.runtime import sequence_ops
-    from autosp.testing.parity import (
-        ADAM_EPS,
-        align_parameters,
-        parameter_distance,
-        relative_error,
-    )
+    from autosp.testing.parity import adamw_steps, relative_error
     original = sequence_ops.local_positions
     if clamp_to_own_rows:  # negative control: every rank reads the pooled row from its own shard
         def own_rows(positions, seq_len, *, lo, trim, group):
@@ -127,26 +122,19 @@ def _body(rank, world, queue, seq, seed, clamp_to_own_rows):
             reference = copy.deepcopy(model)
             compiled = autosp.compile(model, gather_outputs=True)
             gen = torch.Generator().manual_seed(seed + 1)
-            opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2, eps=ADAM_EPS)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=ADAM_EPS)
-            steps = []
-            for _ in range(3):
-                batch = _batch(name, seq, gen)
-                outs = []
-                for m, o in ((reference, opt_ref), (compiled, opt)):
-                    o.zero_grad()
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        out = m(**batch)
-                    out["loss"].backward()
-                    outs.append(_outputs(out))
-                errors = {"outputs": max(relative_error(b, a) for a, b in zip(*outs)),
-                          "grads": _grad_error(model, reference)}
-                opt_ref.step()
-                opt.step()
-                errors["params"] = parameter_distance(reference, model)
-                steps.append(errors)
-                align_parameters(model, reference)
+            seen = []  # each call's outputs: the reference's, then the compiled model's, per step
+
+            def loss_of(m, batch, seen=seen):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = m(**batch)
+                seen.append(_outputs(out))
+                return out["loss"]
+            steps = [{"grads": grads, "params": params} for grads, params in adamw_steps(
+                reference, model, compiled, loss_of, [_batch(name, seq, gen) for _ in range(3)],
+                grad_error=_grad_error, lr=1e-2)]
+            for errors, ref, got in zip(steps, seen[0::2], seen[1::2]):
+                errors["outputs"] = max(relative_error(b, a) for a, b in zip(ref, got))
             ir = compiled.programs[0].mlir["transformed"]
             results[name] = {"steps": steps, "selections": ir.count('"autosp.local_positions"'),
                              "softmaxes": ir.count('"autosp.softmax"')}
