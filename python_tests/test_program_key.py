@@ -286,5 +286,6 @@ def test_peft_switches_after_compile_match_eager(_fresh_seed):
             "base_model.model.model.layers.0.self_attn.q_proj._disable_adapters (rank 0: False, rank 1: True)" \
             in r["disagree"], r["disagree"]
         assert c["programs"] == 1 and c["first"][0] <= TOL, c
-        for what in SCENARIOS:
-            assert c[what][1] > 10 * TOL, f"rank {rank}: the control's loss must be wrong: {what} ({c})"
+        for what in SCENARIOS:  # (the loss alone can move little: a doubled LoRA delta moved it 6e-5 once)
+            assert max(c[what][0], c[what][1]) > 10 * TOL, \
+                f"rank {rank}: the control's logits or loss must be wrong: {what} ({c})"
