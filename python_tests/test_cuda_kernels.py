@@ -383,7 +383,9 @@ def test_ring_pairs_on_cuda_kernels_merge_exactly(cuda, docs, window, pad, _fres
     for mine, full in zip(local, (q, k, v)):
         assert (mine.grad - full.grad[:, :, idx]).abs().max() <= TOL
     kernel = "efficient" if docs or window or pad else "flash"  # masked pairs: the efficient kernel with their mask
-    assert cuda.calls.get(f"dense {kernel}", 0) >= 2 and cuda.calls.get(f"dense {kernel} backward", 0) >= 2, \
+    # (random documents can leave one masked pair only: the others then see no key or every key)
+    least = 1 if docs else 2
+    assert cuda.calls.get(f"dense {kernel}", 0) >= least and cuda.calls.get(f"dense {kernel} backward", 0) >= least, \
         cuda.calls
 
 
