@@ -52,6 +52,7 @@ from autosp.program_key import (
 from autosp.runtime import collectives, fsdp
 from autosp.runtime.context import RuntimeContext
 from autosp.runtime.grad_sync import GradientSync
+from autosp.runtime.outside_grads import OutsideGradients
 from autosp.units import parse_bytes
 
 # The shortest sequence a call may have (torch.export specialises sizes 0 and 1; a causal
@@ -194,7 +195,13 @@ class AutospModule(torch.nn.Module):
             raise AutospError(str(e)) from None
         # Sharded parameters' gradients are summed over the whole FSDP mesh (every rank) by
         # a reduce-scatter: the SP sum, and the replicas' mean with this factor.
-        self.shard_scale = self.sp_size / dist.get_world_size() if sharded else 1.0
+        self.shard_scale = 1.0
+        self._fsdp_root_ready = False
+        if sharded:  # (and FSDP2's own hooks, where the user calls a sharded module outside, alike)
+            try:
+                self.shard_scale = fsdp.prepare_outside_calls(model, dist.get_world_size() // self.sp_size)
+            except ValueError as e:
+                raise AutospError(str(e)) from None
         self.sharded_names = frozenset(name for name, _ in sharded)
         dense = [p for p in model.parameters() if not fsdp.is_sharded(p)]
         if self.sp_size > 1:
@@ -211,6 +218,10 @@ class AutospModule(torch.nn.Module):
                 dp = self.mesh["dp"].size()
                 self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
                                               scale=1.0 / dp)
+            # Gradients the user's loss gives the parameters outside the call, on sharded outputs.
+            self.grad_sync.outside = OutsideGradients(
+                [(n, p) for n, p in model.named_parameters() if not fsdp.is_sharded(p)],
+                self.grad_sync.group, self.grad_sync.scale, model)
         elif group is None and sync_data_parallel and dist.is_available() and dist.is_initialized() and \
                 dist.get_world_size() > 1:
             # sp_size=1 in a larger world: every rank is a data-parallel replica of its own,
@@ -480,6 +491,8 @@ class AutospModule(torch.nn.Module):
         2R, see :class:`autosp.runtime.collectives.SeqLayout`), not one contiguous run;
         this undoes that. Differentiable (the backward is the rank's slice)."""
         dim = self.seq_dim if dim is None else dim
+        if self.grad_sync is not None and self.grad_sync.outside is not None:
+            self.grad_sync.outside.gathered(x)  # a whole loss follows: nothing outside is a share
         return collectives.restore_sequence_order(x, dim, self.group_name)
 
     def shard_sequence(self, x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -526,6 +539,9 @@ class AutospModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
+        if self.sharded_names and not self._fsdp_root_ready:
+            fsdp.init_root(self.module)  # for FSDP2's own hooks where a sharded module is called outside
+            self._fsdp_root_ready = True
         kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         program = self._program_for(args, kwargs, leaves, spec, check=self.check_inputs)

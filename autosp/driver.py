@@ -43,7 +43,15 @@ from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.hf import experts
 from autosp.ir.builders import vtensor_shape
-from autosp.ir.contract import DROPPED_ATTR, KEPT_MASK_ATTR, PREFIX, SP_CHOICE_ATTR, SP_LAYOUT_ATTR, UNFUSED_ATTR
+from autosp.ir.contract import (
+    DROPPED_ATTR,
+    KEPT_MASK_ATTR,
+    PREFIX,
+    SHARDED_RESULTS_ATTR,
+    SP_CHOICE_ATTR,
+    SP_LAYOUT_ATTR,
+    UNFUSED_ATTR,
+)
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.ir.ops import is_sdpa
@@ -208,7 +216,8 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
                               transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
                               sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
-                              dropped_outputs=dropped_results(transformed.module))
+                              dropped_outputs=dropped_results(transformed.module),
+                              sharded_outputs=sharded_results(transformed.module))
     if not simulated and any(fsdp.is_sharded(p) for p in params.values()):
         # FSDP2's mixed precision: each group gathered in param_dtype, reduced in reduce_dtype
         # (the simulated FSDP2 of the memory model sees no policy: it gathers in the parameters' dtype).
@@ -236,6 +245,14 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
         program.unshard_order = fsdp.call_order(program.runner if program.runner is not None else gm)
     return program
 
+
+
+def sharded_results(module) -> list[int]:
+    """The results of ``@main`` each rank returns its sequence shard of (``autosp-shard-sequence``),
+    counted as the original results (before ``autosp-tile-loss`` dropped any)."""
+    func = main_func(module)
+    attrs = func.attributes
+    return [ir.IntegerAttr(a).value for a in attrs[SHARDED_RESULTS_ATTR]] if SHARDED_RESULTS_ATTR in attrs else []
 
 
 def dropped_results(module) -> list[int]:

@@ -20,7 +20,8 @@ What the key holds, per module of ``model.modules()`` (pre-order, shared modules
   tells train/eval programs apart. (A ``torch.device`` is not: it differs between ranks.)
 * the qualified names of the functions among them (an instance-level ``forward = ...`` patch);
 * which of its forward, forward-pre, backward and backward-pre hook dicts are non-empty, and
-  the qualified names of their hooks (not the hooks' ids, which differ between processes);
+  the qualified names of their hooks (not the hooks' ids, which differ between processes;
+  autosp's own hooks, marked :data:`INERT`, are left out);
 * every configuration object it holds (any other attribute with ``to_dict``, e.g. a Hugging
   Face ``PretrainedConfig``; ``generation_config`` excepted: ``forward`` does not read it),
   once per object (by ``id``; a later holder gets a marker): its plain attributes by the same
@@ -140,6 +141,14 @@ class _Config(tuple):
 
     def __repr__(self) -> str:
         return "config" + tuple.__repr__(self)
+
+
+INERT = "__autosp_inert__"  # on a hook of autosp's own that changes nothing the model computes
+
+
+def _hook_names(hooks: dict) -> tuple:
+    """The qualified names of a hook dict's hooks, autosp's own (:data:`INERT`) left out."""
+    return tuple(_callable_name(h) for h in hooks.values() if not hasattr(h, INERT))
 
 
 def _callable_name(fn) -> str:
@@ -307,8 +316,8 @@ class _Plan:
         seen: set = set()
         others = tuple(map(_plain, values[q:c])) + tuple(("<fn>", _callable_name(v)) for v in values[c:f]) + \
             tuple(_once(v, seen) for v in values[f:g])
-        hooked = tuple((self.hook_where[j], tuple(map(_callable_name, hooks[j].values())))
-                       for j in compress(self.hook_index, hooks))
+        hooked = tuple(entry for entry in ((self.hook_where[j], _hook_names(hooks[j]))
+                                           for j in compress(self.hook_index, hooks)) if entry[1])
         return (self.signature, training, values[:s], tuple(map(tuple, map(dict.items, dicts_))),
                 tuple(map(tuple, seqs)), others, hooked)
 

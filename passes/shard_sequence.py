@@ -51,6 +51,7 @@ from autosp.ir.contract import (
     SEQ_ATTR,
     SEQ_SOFTMAX,
     SHARD,
+    SHARDED_RESULTS_ATTR,
     SP_LAYOUT_ATTR,
 )
 from autosp.ir.core import as_operation, body_ops, const_bool, const_int, main_func, op_name, producer, tensor_dims
@@ -757,6 +758,9 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
                 ret.operands[i] = _gather_output(ret, v, lay, seq_len, group)
             lay = REPLICATED
         layouts.append(None if lay == REPLICATED else lay)
+    with func.context:
+        func.attributes[SHARDED_RESULTS_ATTR] = ir.ArrayAttr.get(
+            [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i) for i, lay in enumerate(layouts) if lay is not None])
     for op in list(body_ops(func)):
         if op_name(op) == ops.BIND_SHAPE:
             op.erase()

@@ -49,6 +49,7 @@ class CompiledProgram:
     simulated_shards: list = field(default_factory=list)  # a simulated FSDP2's local shards (the memory model)
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
     dropped_outputs: list[int] = field(default_factory=list)  # output leaves removed by autosp-tile-loss (None)
+    sharded_outputs: list[int] = field(default_factory=list)  # output leaves that are this rank's sequence shard
     _constants_device: object = None  # where the graph's tensor literals are (_place_constants)
 
     def _check_sharded(self, state: list) -> None:
@@ -127,4 +128,7 @@ class CompiledProgram:
             outputs = list(run(*state, *inputs))
         for i in self.dropped_outputs:  # the logits, with drop_logits: never computed
             outputs.insert(i, None)
+        outside = grad_sync.outside if grad_sync is not None else None
+        if outside is not None and self.sharded_outputs and grad_sync.active():
+            outside.watch([outputs[i] for i in self.sharded_outputs])  # their loss is a share
         return pytree.tree_unflatten(outputs, self.out_spec)

@@ -180,6 +180,23 @@ def prepare_input(x):
     return x
 
 
+@contextlib.contextmanager
+def _state_kept(model: torch.nn.Module):
+    """Every module's own parameters and buffers as they were, whatever the trace left.
+
+    ``functional_call`` swaps the export's fake tensors in by name and back out; a module
+    registered under two names (``self.lm_head = self.inner.lm_head``) is swapped twice,
+    and the second swap saves the first one's fake as the "original": the model kept a
+    fake weight after the export (on the exporting rank only)."""
+    kept = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, params, buffers in kept:
+            m._parameters.update(params)
+            m._buffers.update(buffers)
+
+
 def model_state(model: torch.nn.Module) -> tuple[list[str], list[str], list[torch.Tensor]]:
     """(names, kinds, tensors) of the model's parameters (tied ones once) then buffers."""
     entries = [(n, "parameter", p) for n, p in model.named_parameters()]
@@ -260,7 +277,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
             with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
-                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions:
+                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions, _state_kept(model):
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
             raise _export_error(e, model) from None

@@ -160,6 +160,9 @@ UNFUSED_ATTR = _attr("autosp.unfused_attention", "softmax", "string",
 SP_LAYOUT_ATTR = _attr("autosp.sp_layout", "module", "string",
                        "the SeqLayout the runtime lays the sequence out in", LayoutField)
 SP_CHOICE_ATTR = _attr("autosp.sp_choice", "module", "string", "the strategy chosen, and why")
+SHARDED_RESULTS_ATTR = _attr("autosp.sharded_results", "@main", "i64 array",
+                             "the results each rank returns its sequence shard of (gradients outside the call are "
+                             "shares)")
 DROPPED_ATTR = _attr("autosp.dropped_results", "@main", "i64 array", "results removed by autosp-tile-loss")
 
 # The memory plan: autosp-checkpoint, autosp-tile-tokens. The backend copies each onto

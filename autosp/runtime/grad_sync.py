@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import operator
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,6 +88,7 @@ class _SyncCall:
 def _bucket_identity(ctx, call, k, params):
     """The forward of :class:`_Wait` and :class:`_Issue`: the bucket's tensors, as views."""
     ctx.call, ctx.k = call, k
+    ctx.params = [id(p) for p in params]
     ctx.metas = [(p.shape, p.dtype, p.device) for p in params]
     ctx.set_materialize_grads(False)
     return tuple(p.view_as(p) for p in params)
@@ -103,7 +105,12 @@ class _Wait(torch.autograd.Function):
     def backward(ctx, *grads):
         if ctx.call.pending[ctx.k] is None and any(g is not None for g in grads):
             ctx.call.issue(ctx.k, ctx.metas, grads)  # no sync point ran: start it here
-        return (None, None, *ctx.call.finish(ctx.k, [shape for shape, _, _ in ctx.metas]))
+        reduced = ctx.call.finish(ctx.k, [shape for shape, _, _ in ctx.metas])
+        outside = ctx.call.sync.outside
+        if outside is not None:  # its hooks tell this call's part from a use outside the call
+            for pid, g in zip(ctx.params, reduced):
+                outside.stash_inside(pid, g)
+        return (None, None, *reduced)
 
 
 class _Issue(torch.autograd.Function):
@@ -219,6 +226,7 @@ class GradientSync:
         self.scale = scale
         self.bucket_bytes = bucket_bytes
         self.enabled = True
+        self.outside: Any = None  # an OutsideGradients: the parameters' gradients from outside the calls
         self.collectives_last_step = 0
         self.last_step: dict = {"issues": [], "first_wait": None}
 
