@@ -6,6 +6,7 @@ test ``lit_tests/<name without "autosp-", dashes as underscores>.mlir``.
 from __future__ import annotations
 
 from autosp.passes.annotate_sequence import AnnotateSequence
+from autosp.passes.causal_conv import CausalConv
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.checkpoint import Checkpoint
 from autosp.passes.dce import DeadCodeElimination
@@ -24,6 +25,7 @@ PASSES: dict[str, type[ModulePass]] = {
     p.name: p
     for p in (
         AnnotateSequence,
+        CausalConv,
         CausalMask,
         Checkpoint,
         DeadCodeElimination,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from autosp.passes.annotate_sequence import AnnotateSequence
+from autosp.passes.causal_conv import CausalConv
 from autosp.passes.causal_mask import CausalMask
 from autosp.passes.dce import DeadCodeElimination
 from autosp.passes.fuse_attention import FuseAttention
@@ -27,6 +28,8 @@ class SequenceParallelPipeline(ModulePass):
 
     Runs ``autosp-fuse-attention`` (hand-written softmax attention proven exact becomes
     SDPA), ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
+    ``autosp-causal-conv`` (a left-padded valid convolution becomes the padded convolution
+    cut back to the input's length, the causal form split with a halo),
     ``autosp-fuse-gqa`` (attention reads shared KV heads, not repeated copies),
     ``autosp-annotate-sequence`` (diagnoses models without a sequence axis or
     attention), ``autosp-partition-attention{sp-size}`` (4 all-to-alls per attention
@@ -66,7 +69,7 @@ class SequenceParallelPipeline(ModulePass):
         """The sub-passes, run (and dumped, and reproduced) one by one by the pipeline."""
         if self.sp_size <= 1:
             return [FuseGqa(), DeadCodeElimination()]
-        return [FuseAttention(), CausalMask(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
+        return [FuseAttention(), CausalMask(), CausalConv(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group, strategy=self.strategy,
                                    ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
                                    ranks_per_node=self.ranks_per_node, seq_len=self.seq_len,

@@ -10,7 +10,9 @@ the ranks that hold those positions.
 
 Checked: the runtime halo against the padded convolution (outputs and input gradients,
 float64), also when a rank's part is shorter than k - 1; a hand-written conv + attention
-LM against single-device eager at P = 2 (S = 15) and P = 4 (S = 19), with 3 AdamW steps;
+LM against single-device eager at P = 2 (S = 15) and P = 4 (S = 19), with 3 AdamW steps,
+and the same LM with its conv written as a left pad of k - 1 zeros and a valid conv
+(Qwen3.5, torchtitan: ``autosp-causal-conv`` rewrites it into the cut form);
 a ring's zigzag layout refused at compile time, naming it; under ``backend="aot_eager"``
 (torch.compile) the halo runs as one opaque op, exact. Negative control: the halo's
 positions left as zeros (no exchange) must break parity.
@@ -46,6 +48,22 @@ class ConvAttnLM(nn.Module):
         x = x + F.silu(self.conv(x.transpose(1, 2))[..., :s].transpose(1, 2))
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d))
+        logits = self.head(x)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits
+
+
+class PadConvAttnLM(ConvAttnLM):
+    """``ConvAttnLM`` with its conv written as Qwen3.5 / torchtitan do: a left pad of k - 1
+    zeros, then a valid convolution (no cut), which ``autosp-causal-conv`` rewrites."""
+
+    def forward(self, input_ids, labels):
+        x = self.emb(input_ids)
+        b, s, d = x.shape
+        k = self.conv.kernel_size[0]
+        c = F.conv1d(F.pad(x.transpose(1, 2), [k - 1, 0]), self.conv.weight, self.conv.bias, groups=d)
+        x = x + F.silu(c.transpose(1, 2))
+        q, k_, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.o(F.scaled_dot_product_attention(q, k_, v, is_causal=True).transpose(1, 2).reshape(b, s, d))
         logits = self.head(x)
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits
 
@@ -97,11 +115,11 @@ def test_negative_control_halo_without_exchange_is_wrong(_fresh_seed):
     assert results[1][(15, 4)][0] > 1e-3, results  # rank 1's first outputs read rank 0's last inputs
 
 
-def _run_case(seq, seed, strategy="ulysses", control=False, backend=None):
+def _run_case(seq, seed, strategy="ulysses", control=False, backend=None, model_cls=ConvAttnLM, steps=True):
     import autosp
     from autosp.testing.parity import adamw_steps, parity
     torch.manual_seed(seed)
-    model = ConvAttnLM()
+    model = model_cls()
     reference = copy.deepcopy(model)
     restore = _no_exchange() if control else (lambda: None)
     try:
@@ -113,6 +131,8 @@ def _run_case(seq, seed, strategy="ulysses", control=False, backend=None):
         if control or backend:
             return result
         result["halos"] = compiled.programs[0].mlir["transformed"].count('"autosp.halo"')
+        if not steps:
+            return result
         result["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(x, x)[0],
                                       [torch.randint(0, VOCAB, (2, seq), generator=gen) for _ in range(3)])
         return result
@@ -156,3 +176,24 @@ def test_conv_attention_lm_matches_single_device(world, _fresh_seed):
             assert "zigzag" in out["ring"] and "torch.aten.convolution" in out["ring"], out["ring"]
             b = out["backend"]
             assert max(b["outputs"].values()) <= TOL and b["grads"] <= TOL and b["opaque_calls"] == 2, b
+
+
+def _pad_model_body(rank, world, queue, seed):
+    out = {"ulysses": _run_case(15 if world == 2 else 19, seed, model_cls=PadConvAttnLM, steps=False)}
+    if world == 2:
+        out["control"] = _run_case(15, seed, control=True, model_cls=PadConvAttnLM)
+    queue.put((rank, out))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_left_padded_conv_matches_single_device(world, _fresh_seed):
+    """``F.conv1d(F.pad(x, [k - 1, 0]), w)`` (no cut) is rewritten by ``autosp-causal-conv``
+    into the padded-and-cut form and split with the same halo: parity with one device."""
+    results = run_ranks(_pad_model_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, out in results.items():
+        r = out["ulysses"]
+        where = f"rank {rank}, P={world}: {r}"
+        assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
+        assert r["halos"] == 1, where
+        if world == 2:
+            assert max(out["control"]["outputs"].values()) > 1e-3, out["control"]

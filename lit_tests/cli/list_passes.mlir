@@ -8,6 +8,7 @@
 // The summaries are the passes' own (first docstring line); here only their presence.
 // CHECK-NEXT:   autosp-annotate-sequence{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     require-attention (bool, default True)
+// CHECK-NEXT:   autosp-causal-conv{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-causal-mask{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-checkpoint{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     mode (str, default sac)
