@@ -35,7 +35,7 @@ from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from autosp.frontend import cache, symbolic
+from autosp.frontend import cache, flex, symbolic
 from autosp.hf import experts, recurrences
 from autosp.ir.contract import ARG_ATTRS, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
@@ -263,6 +263,10 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     # FSDP2 shards: fakes of their global shape (no storage), at their mixed precision's param_dtype
     state = fsdp.stand_ins(state, fsdp.compute_dtypes(model, names))
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    try:
+        flex.check_inputs(pytree.tree_leaves((args, kwargs), is_leaf=flex.is_block_mask))
+    except ValueError as e:
+        raise AutospError(str(e)) from None
     # torch.export's guards fail on some views (an internal AttributeError): export dense copies.
     leaves = [prepare_input(x) for x in leaves]
     tensor_leaves = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -277,7 +281,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
             with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
-                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions, _state_kept(model):
+                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions, _state_kept(model), \
+                    flex.flex_as_dense():
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
             raise _export_error(e, model) from None
