@@ -31,4 +31,11 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.sta
 fi
 # torch is already satisfied, so this installs torch-mlir, numpy and the test tools only.
 "${PIP[@]}" install --no-compile -e '.[test]'
+# autosp.titan's tests: torchtitan 0.3.0 pins packages the test tools need newer (datasets),
+# so it comes without its dependencies, then the ones its models import (its model registry
+# imports triton, ~290 MB; on a CPU machine nothing runs it).
+if ! .venv/bin/python -c 'import torchtitan, triton, tyro, spmd_types, einops, torch_checkpointing' 2>/dev/null; then
+  "${PIP[@]}" install --no-compile --no-deps 'torchtitan==0.3.0'
+  "${PIP[@]}" install --no-compile -e '.[titan]'
+fi
 PYTHONDONTWRITEBYTECODE= .venv/bin/python -c 'import torch, torch_mlir, transformers, autosp.api, autosp; print(f"autosp {autosp.__version__}: torch {torch.__version__}, torch-mlir ready")'

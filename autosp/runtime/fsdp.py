@@ -187,9 +187,11 @@ def init_root(model: torch.nn.Module) -> None:
         from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
     except ImportError:
         return
-    root = _get_module_fsdp_state(model)
-    if root is not None:
-        root._lazy_init()
+    for module in model.modules():  # the outermost fully_shard-ed module (autosp.titan wraps the model)
+        root = _get_module_fsdp_state(module)
+        if root is not None:
+            root._lazy_init()
+            return
 
 
 def stand_ins(state: list, dtypes: list | None = None) -> list:
