@@ -70,23 +70,23 @@ def _needs_masks(model) -> bool:
 
 @contextlib.contextmanager
 def _document_masks() -> Iterator[None]:
-    """torchtitan's packed-document mask stated as the document-id mask it equals (module docstring)."""
+    """torchtitan's packed-document mask stated as the document-id mask it equals (module
+    docstring), in every torchtitan module that imported it."""
     attention = sys.modules.get(_ATTENTION)
-    decoder = sys.modules.get("torchtitan.models.common.decoder")
-    holders = [m for m in (attention, decoder) if m is not None and
-               hasattr(m, "get_efficient_causal_mask_mod_for_packed_document")]
-    if attention is None or not holders:
+    name = "get_efficient_causal_mask_mod_for_packed_document"
+    original = getattr(attention, name, None)
+    if attention is None or original is None:
         yield
         return
-    name = "get_efficient_causal_mask_mod_for_packed_document"
-    saved = [(m, getattr(m, name)) for m in holders]
+    holders = [m for key, m in list(sys.modules.items())
+               if key.startswith("torchtitan.") and getattr(m, name, None) is original]
     try:
-        for m, _ in saved:
+        for m in holders:
             setattr(m, name, attention.get_document_mask_mod)
         yield
     finally:
-        for m, fn in saved:
-            setattr(m, name, fn)
+        for m in holders:
+            setattr(m, name, original)
 
 
 def compile(model: torch.nn.Module, **options) -> torch.nn.Module:
