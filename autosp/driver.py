@@ -44,6 +44,7 @@ from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.hf import experts
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import (
+    BUFFER_WRITES_ATTR,
     DROPPED_ATTR,
     KEPT_MASK_ATTR,
     PREFIX,
@@ -217,7 +218,8 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
                               transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
                               sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
                               dropped_outputs=dropped_results(transformed.module),
-                              sharded_outputs=sharded_results(transformed.module))
+                              sharded_outputs=sharded_results(transformed.module),
+                              buffer_writes=[transformed.args[i].name for i in buffer_writes(transformed.module)])
     if not simulated and any(fsdp.is_sharded(p) for p in params.values()):
         # FSDP2's mixed precision: each group gathered in param_dtype, reduced in reduce_dtype
         # (the simulated FSDP2 of the memory model sees no policy: it gathers in the parameters' dtype).
@@ -245,6 +247,12 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
         program.unshard_order = fsdp.call_order(program.runner if program.runner is not None else gm)
     return program
 
+
+
+def buffer_writes(module) -> list[int]:
+    """The arguments (buffers) the leading results of ``@main`` are written to (the importer)."""
+    attrs = main_func(module).attributes
+    return [ir.IntegerAttr(a).value for a in attrs[BUFFER_WRITES_ATTR]] if BUFFER_WRITES_ATTR in attrs else []
 
 
 def sharded_results(module) -> list[int]:

@@ -779,3 +779,31 @@ func.func @max_dim_and_argmax(%w: !torch.vtensor<[64,32],f32> {autosp.parameter 
   %v2, %i2 = torch.aten.max.dim %e, %int1, %true : !torch.vtensor<[2,?,32],f32>, !torch.int, !torch.bool -> !torch.vtensor<[2,1,32],f32>, !torch.vtensor<[2,1,32],si64>
   return %values, %indices, %i2 : !torch.vtensor<[2,32],f32>, !torch.vtensor<[2,32],si64>, !torch.vtensor<[2,1,32],si64>
 }
+
+// -----
+
+// A buffer the forward writes (autosp.buffer_writes: result 0 goes to argument 1): a count
+// over the sequence, reduced over the group like any sum, the same on every rank.
+// CHECK-LABEL: func.func @buffer_write_count
+// CHECK: %[[LOCAL:.*]] = torch.aten.sum.dim_IntList
+// CHECK: %[[TOTAL:.*]] = "autosp.all_reduce"(%[[LOCAL]]) {group = "sp", reduce_op = "sum"}
+// CHECK: %[[NEW:.*]] = torch.aten.add.Tensor %{{.*}}, %[[TOTAL]]
+// CHECK: return %[[NEW]],
+func.func @buffer_write_count(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                              %count: !torch.vtensor<[32],f32> {autosp.buffer = "count"},
+                              %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[32],f32>, !torch.vtensor<[2,?,32],f32>) attributes {autosp.buffer_writes = [1]} {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %dims = torch.prim.ListConstruct %int0, %int1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %sum = torch.aten.sum.dim_IntList %e, %dims, %false, %none : !torch.vtensor<[2,?,32],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[32],f32>
+  %new = torch.aten.add.Tensor %count, %sum, %int1 : !torch.vtensor<[32],f32>, !torch.vtensor<[32],f32>, !torch.int -> !torch.vtensor<[32],f32>
+  return %new, %e : !torch.vtensor<[32],f32>, !torch.vtensor<[2,?,32],f32>
+}

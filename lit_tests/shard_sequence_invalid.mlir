@@ -619,3 +619,21 @@ func.func @select_by_mask(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w
   %x = torch.aten.index.Tensor %e, %idx : !torch.vtensor<[2,?,32],f32>, !torch.list<optional<vtensor>> -> !torch.vtensor<[2,32],f32>
   return %x : !torch.vtensor<[2,32],f32>
 }
+
+// -----
+
+// A buffer written with this rank's positions (autosp.buffer_writes: the leading result is a
+// buffer's new value; the pass reads how many, not which argument): each rank would keep a
+// different value.
+func.func @buffer_write_sharded(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> attributes {autosp.buffer_writes = [2]} {
+  %int-1 = torch.constant.int -1
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  // expected-error@+1 {{writes a buffer (result 0) with a value that is}}
+  return %e : !torch.vtensor<[2,?,32],f32>
+}

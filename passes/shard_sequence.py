@@ -39,6 +39,7 @@ from autosp.ir.contract import (
     ALL_GATHER,
     ALL_REDUCE,
     ATTENTION_ATTR,
+    BUFFER_WRITES_ATTR,
     GRAD_SHARE,
     HALO,
     LOCAL_LEN,
@@ -747,10 +748,15 @@ def shard_sequence(module, info: SequenceInfo, seq_len: ir.Value, group: str = "
     if ret is None:
         raise DiagnosticError.at(func, "@main has no func.return")
     layouts = []
+    writes = len(func.attributes[BUFFER_WRITES_ATTR]) if BUFFER_WRITES_ATTR in func.attributes else 0
     for i, v in enumerate(list(ret.operands)):
         lay = walk.layout(v)
         if lay == HEAD_SHARDED:
             raise DiagnosticError.at(ret, f"returns head-sharded attention internals (result {i})")
+        if i < writes and lay != REPLICATED:
+            raise DiagnosticError.at(ret, f"writes a buffer (result {i}) with a value that is {lay} on each rank, "
+                                          "not the same on every rank: a buffer the forward writes must be a "
+                                          "function of the whole sequence (a count or a sum over it)")
         if walk.redundant(v):  # returned whole from the parameters: each rank's share of its gradient
             ret.operands[i] = walk.rewriter.grad_share(ret, v)
         if isinstance(lay, SequenceSharded) and gather_outputs:

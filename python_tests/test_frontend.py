@@ -68,10 +68,20 @@ def test_static_import_when_seq_dim_is_none():
     assert imported.seq_len is None
 
 
-def test_buffer_mutation_is_refused_clearly():
+def test_buffer_writes_are_results_written_back():
+    """BatchNorm's running statistics in train mode: before, refused; now the new values are
+    the program's leading results (``autosp.buffer_writes``) and the call writes them back."""
+    import copy
     bn = torch.nn.BatchNorm1d(4).train()
-    with pytest.raises(AutospError, match="writes to 'running_mean'|writes to 'num_batches_tracked'"):
-        autosp.import_model(bn, torch.randn(8, 4), seq_dim=None)
+    imported = autosp.import_model(bn, torch.randn(8, 4), seq_dim=None)
+    assert "autosp.buffer_writes" in str(imported.module)
+    reference = copy.deepcopy(bn)
+    sp = autosp.compile(bn, sp_size=1, seq_dim=2)
+    for _ in range(2):
+        x = torch.randn(2, 4, 10)
+        torch.testing.assert_close(sp(x), reference(x))
+    for name, buf in reference.named_buffers():
+        torch.testing.assert_close(bn.get_buffer(name), buf, msg=name)
 
 
 def test_untraceable_model_gives_a_clear_error():

@@ -50,6 +50,7 @@ class CompiledProgram:
     last_unsharder: object = None  # the last call's fsdp.Unsharder (its log), for tests and benchmarks
     dropped_outputs: list[int] = field(default_factory=list)  # output leaves removed by autosp-tile-loss (None)
     sharded_outputs: list[int] = field(default_factory=list)  # output leaves that are this rank's sequence shard
+    buffer_writes: list[str] = field(default_factory=list)  # the leading results: new values of these buffers
     _constants_device: object = None  # where the graph's tensor literals are (_place_constants)
 
     def _check_sharded(self, state: list) -> None:
@@ -131,4 +132,9 @@ class CompiledProgram:
         outside = grad_sync.outside if grad_sync is not None else None
         if outside is not None and self.sharded_outputs and grad_sync.active():
             outside.watch([outputs[i] for i in self.sharded_outputs])  # their loss is a share
+        if self.buffer_writes:  # the forward's writes to its buffers (counters), the same on every rank
+            with torch.no_grad():
+                for name, value in zip(self.buffer_writes, outputs):
+                    model.get_buffer(name).copy_(value)
+            outputs = outputs[len(self.buffer_writes):]
         return pytree.tree_unflatten(outputs, self.out_spec)

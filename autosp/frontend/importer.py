@@ -37,7 +37,7 @@ from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
 from autosp.hf import experts, recurrences
-from autosp.ir.contract import ARG_ATTRS, SEQ_DIM_ATTR, ArgKind
+from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
 from autosp.runtime import fsdp
@@ -293,7 +293,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
             input_seq_dims[i] = None
             inferred.discard(i)
     _refuse_custom_backwards(functions)
-    _check_no_input_mutation(program, names)
+    _check_no_input_mutation(program, names, kinds)
     timings["export_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -387,6 +387,7 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
     with warnings.catch_warnings():  # torch's own deep copy of pytree specs, not the user's code
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         program = program.run_decompositions(table)
+    writes = _writes_as_results(program)
     symbolic.install()
     symbolic.rewrite_sym_float(program.graph_module.graph)
     symbolic.rewrite_tensor_checks(program.graph_module.graph, program.graph_signature)
@@ -401,7 +402,27 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
         "extra-library=})",
         "Lowering TorchFX IR -> Torch Backend IR")
     restore_opaque_ops(module, opaque)
+    if writes:
+        with module.context:
+            main_func(module).attributes[BUFFER_WRITES_ATTR] = ir.ArrayAttr.get(
+                [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i) for i in writes])
     return module
+
+
+def _writes_as_results(program: torch.export.ExportedProgram) -> list[int]:
+    """The buffers the program writes (their new values returned first by the functional
+    graph, ``USER_INPUT_MUTATION``), made plain results: the argument index each of the
+    leading results is written to. The compiled call writes them back
+    (``CompiledProgram.buffer_writes``); :func:`_check_no_input_mutation` let only buffers
+    through."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    inputs = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    writes = []
+    for spec in program.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            writes.append(inputs.index(spec.target))
+            spec.kind, spec.target = OutputKind.USER_OUTPUT, None
+    return writes
 
 
 _OPAQUE_PREFIX = "autosp_opaque_"
@@ -531,21 +552,25 @@ def _first_lines(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[:n])
 
 
-def _check_no_input_mutation(program, names) -> None:
-    """Refuse models that write to their buffers/inputs in forward (e.g. BatchNorm statistics)."""
+def _check_no_input_mutation(program, names, kinds) -> None:
+    """Refuse models that write to their parameters or inputs in forward. A buffer may be
+    written (a counter: torchtitan's MoE ``tokens_per_expert``, BatchNorm's running
+    statistics): its new value becomes a result of the program, which the layout rules must
+    find replicated, and the call writes it back."""
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    what = {node: (names[i] if i < len(names) else f"input {i - len(names)}")
+    what = {node: (names[i] if i < len(names) else f"input {i - len(names)}", kinds[i] if i < len(kinds) else "input")
             for i, node in enumerate(placeholders)}
-    for node in program.graph.nodes:
+    for node in program.graph.nodes:  # (exported under no_grad: the user's no_grad regions are inline)
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable:
             continue
         for arg_schema, arg in zip(schema.arguments, node.args):
-            if arg_schema.alias_info is not None and arg_schema.alias_info.is_write and arg in what:
+            if arg_schema.alias_info is not None and arg_schema.alias_info.is_write and arg in what and \
+                    what[arg][1] != "buffer":
                 raise AutospError(
-                    f"the model writes to '{what[arg]}' during forward ({node.target}); autosp supports "
-                    "models whose forward is a pure function of its parameters, buffers and inputs "
-                    "(put BatchNorm-like layers in eval mode)")
+                    f"the model writes to {what[arg][1]} '{what[arg][0]}' during forward ({node.target}); "
+                    "autosp compiles forwards that write buffers only (their new values are written back "
+                    "after the call), not parameters or inputs")
 
 
 def _annotate_arguments(module: ir.Operation, infos: list[ArgInfo]) -> None:

@@ -160,6 +160,8 @@ UNFUSED_ATTR = _attr("autosp.unfused_attention", "softmax", "string",
 SP_LAYOUT_ATTR = _attr("autosp.sp_layout", "module", "string",
                        "the SeqLayout the runtime lays the sequence out in", LayoutField)
 SP_CHOICE_ATTR = _attr("autosp.sp_choice", "module", "string", "the strategy chosen, and why")
+BUFFER_WRITES_ATTR = _attr("autosp.buffer_writes", "@main", "i64 array",
+                           "the leading results are new values of buffers: the argument each is written to")
 SHARDED_RESULTS_ATTR = _attr("autosp.sharded_results", "@main", "i64 array",
                              "the results each rank returns its sequence shard of (gradients outside the call are "
                              "shares)")
