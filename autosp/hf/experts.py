@@ -48,10 +48,23 @@ def _(inputs, weights, path):
 
 def is_experts_module(module: torch.nn.Module) -> bool:
     """A transformers experts module (built by ``use_experts_implementation``), not under
-    expert parallelism."""
+    expert parallelism, or torchtitan's routed experts (:func:`is_titan_routed_experts`)."""
     config = getattr(module, "config", None)
     return (hasattr(module, "_is_expert_parallel") and not module._is_expert_parallel
-            and getattr(config, "_experts_implementation", None) is not None)
+            and getattr(config, "_experts_implementation", None) is not None) or is_titan_routed_experts(module)
+
+
+def is_titan_routed_experts(module: torch.nn.Module) -> bool:
+    """torchtitan's ``RoutedExperts`` with a local token dispatcher (no expert-parallel mesh):
+    ``forward(x [B, L, D], scores [B, L, K], expert ids [B, L, K], tokens per expert [E])``
+    sorts the tokens by expert (``sort.stable``), runs grouped matmuls and scatters the rows
+    back: output row t depends on row t of x, scores and ids only. The tokens-per-expert
+    counts only group the sorted rows; the stated op recomputes them from the ids it gets
+    (:class:`TokenExperts`), so each rank's call counts its own tokens."""
+    dispatcher = getattr(module, "token_dispatcher", None)
+    return type(module).__name__ == "RoutedExperts" and \
+        any(c.__name__ == "LocalTokenDispatcher" for c in type(dispatcher).__mro__) and \
+        getattr(dispatcher, "ep_mesh", None) is None and hasattr(getattr(module, "inner_experts", None), "num_experts")
 
 
 @contextlib.contextmanager
@@ -69,6 +82,11 @@ def experts_as_token_ops(model: torch.nn.Module):
             if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
                 return _original(*args, **kwargs)
             weights = [_module.get_parameter(n) for n in _names]
+            if is_titan_routed_experts(_module):  # [B, L, ...] rows as tokens; the counts recomputed
+                x, scores, ids = args[:3]
+                b, length, d = x.shape
+                rows = [x.reshape(b * length, d), scores.reshape(b * length, -1), ids.reshape(b * length, -1)]
+                return torch.ops.autosp.token_experts(rows, weights, _path).view(b, length, d)
             return torch.ops.autosp.token_experts(list(args), weights, _path)
         module.forward = forward
         patched.append(module)
@@ -92,7 +110,14 @@ class TokenExperts(torch.nn.Module):
     def forward(self, inputs, weights):
         from autosp.ir.diagnostics import AutospError
         module = self.module_ref[0]
-        out = torch.func.functional_call(module, dict(zip(self.names, weights)), tuple(inputs), strict=True)
+        args = tuple(inputs)
+        if is_titan_routed_experts(module):  # torchtitan's call: [1, T, ...] and this rank's counts
+            x, scores, ids = inputs
+            counts = torch.bincount(ids.reshape(-1), minlength=module.inner_experts.num_experts)
+            args = (x.unsqueeze(0), scores.unsqueeze(0), ids.unsqueeze(0), counts)
+        out = torch.func.functional_call(module, dict(zip(self.names, weights)), args, strict=True)
+        if is_titan_routed_experts(module) and isinstance(out, torch.Tensor):
+            out = out.reshape(inputs[0].shape)
         if not isinstance(out, torch.Tensor) or out.shape != inputs[0].shape:
             raise AutospError(f"the experts module '{self.path}' returned {type(out).__name__} "
                               f"{tuple(getattr(out, 'shape', ()))}, not a tensor shaped like its input "
