@@ -52,13 +52,13 @@ class _MasksInside(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens, positions=None):
+    def forward(self, tokens, positions=None, **kwargs):
         m = self.model
         masks = None
         if positions is not None and _needs_masks(m):
             with _document_masks():
                 masks = m.get_attention_masks(positions)
-        return type(m).forward(m, tokens, positions, masks)
+        return type(m).forward(m, tokens, positions=positions, attention_masks=masks, **kwargs)
 
 
 def _needs_masks(model) -> bool:
@@ -103,10 +103,8 @@ def compile(model: torch.nn.Module, **options) -> torch.nn.Module:
 
     @functools.wraps(type(model).forward)
     def forward(tokens, positions=None, attention_masks=None, **kwargs):
-        if kwargs:
-            raise autosp.AutospError(f"autosp.titan: forward got {sorted(kwargs)}; the compiled model takes "
-                                     "tokens, positions and attention_masks (rebuilt from positions)")
-        return sp(tokens, positions) if positions is not None else sp(tokens)
+        # (attention_masks: the trainer's, of the same positions; the program builds its own)
+        return sp(tokens, positions, **kwargs) if positions is not None else sp(tokens, **kwargs)
 
     object.__setattr__(model, "forward", forward)  # an instance attribute: nn.Module's __call__ finds it
     object.__setattr__(model, "autosp", sp)  # not a submodule: the model's state stays the model's
