@@ -201,3 +201,36 @@ def test_torchtitan_qwen3_moe_in_train_mode(fp32_experts, _fresh_seed):
         assert r["loss"] <= TOL, f"rank {rank}: {r}"
         assert max(r["experts"], r["others"]) <= (TOL if fp32_experts else 2e-2), f"rank {rank}: {r}"
         assert r["n_counters"] == 2 and r["counts"] == 0.0, f"rank {rank}: counts differ from one device's: {r}"
+
+
+def _uneven_body(rank, world, queue, seed, seq):
+    """S not divisible by P (nor by the chunked loss's chunks): the hidden states gathered,
+    a plain loss, one step's gradients."""
+    import autosp.titan
+    from autosp.frontend.flex import flex_as_dense
+    from autosp.testing.parity import relative_error
+    torch.manual_seed(seed)
+    reference = _config("llama3").build()
+    reference.init_weights()
+    model = autosp.titan.compile(copy.deepcopy(reference), gather_outputs=True)
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, 2048, (2, seq), generator=gen)
+    positions = torch.arange(seq).repeat(2, 1)
+    positions[1, seq // 3:] -= seq // 3  # packed documents
+    with torch.no_grad():
+        flex = reference(tokens, positions, reference.get_attention_masks(positions))
+    with flex_as_dense():
+        expected = reference(tokens, positions, reference.get_attention_masks(positions))
+        expected.float().pow(2).mean().backward()
+    out = model(tokens, positions=positions)
+    out.float().pow(2).mean().backward()
+    queue.put((rank, dict(forward=relative_error(out.detach(), flex),
+                          grads=max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                                                  reference.parameters())))))
+
+
+@pytest.mark.parametrize("world,seq", [(2, 127), (4, 130)])
+def test_torchtitan_llama3_with_a_length_the_ranks_do_not_divide(world, seq, _fresh_seed):
+    results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq), timeout=600)
+    for rank, r in results.items():
+        assert r["forward"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"
