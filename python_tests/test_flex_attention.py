@@ -11,6 +11,10 @@ the forward against FlexAttention itself (CPU flex has no backward: ``torch 2.13
 ``requires_grad`` inputs), the loss and every gradient against the same model with
 ``flex_as_dense`` (the same mask and score as ordinary ops). Negative control: the
 documents dropped from the mask must break the forward parity.
+
+On CUDA (``FakeTensorMode``, 4 ranks, S = 3000) the documents and the window run flash's
+varlen kernel; control: a mask no algebra proves stays an [S, S] tensor, which the check
+refuses.
 """
 from __future__ import annotations
 
@@ -54,6 +58,8 @@ class FlexLM(torch.nn.Module):
             return and_masks(causal, documents)
         if self.kind == "window":
             return and_masks(causal, sliding)
+        if self.kind == "unproven":  # no algebra proves this one: it stays an [S, S] mask
+            return and_masks(causal, lambda b, h, q, k: (q + k) % 3 != 0)
         return causal
 
     def forward(self, input_ids, document_ids, labels):
@@ -157,3 +163,27 @@ def test_a_block_mask_built_outside_is_refused_naming_flex():
     mask = create_block_mask(lambda b, h, q, k: q >= k, 1, None, 16, 16, device="cpu")
     with pytest.raises(AutospError, match="flex_attention: a BlockMask built outside the model"):
         autosp.compile(Outside(), sp_size=1)(torch.randn(1, 16, 8), mask)
+
+
+def _fake_cuda_step(kind):
+    from autosp.planning.fake_cuda import cuda_step
+
+    def call(ids):
+        documents = (torch.arange(ids.shape[1], device=ids.device) // 1024)[None].expand(*ids.shape)
+        return {"document_ids": documents, "labels": ids}
+    return cuda_step(FlexLM(kind, d=64), 3000, sp_size=4, call=call, ranks=[0])[0]
+
+
+@pytest.mark.parametrize("kind", ["documents", "window"])
+def test_flex_masks_run_varlen_flash_on_fake_cuda(kind):
+    """On CUDA (FakeTensorMode, 4 ranks, S = 3000) the proven flex masks run flash's varlen
+    kernel, forward and backward, and no tensor holds two sequence dims."""
+    step = _fake_cuda_step(kind)
+    step.check()
+    assert step.kernels() == {"varlen flash": 2, "varlen flash backward": 2}, step.kernels()
+
+
+def test_negative_control_an_unproven_flex_mask_is_quadratic_on_fake_cuda():
+    step = _fake_cuda_step("unproven")
+    with pytest.raises(AssertionError, match="two sequence dims"):
+        step.check()
