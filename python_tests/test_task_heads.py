@@ -23,6 +23,10 @@ transformers = pytest.importorskip("transformers")
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
+# Parameters after AdamW steps: AdamW divides each gradient element by its own size, so
+# rounding-level gradient differences (here <= 2e-6 relative) move small-gradient elements
+# by up to ~lr; the QA head's log-softmax over the sequence has seeds at 1.3e-5 (seed 5330).
+PARAM_TOL = 5e-5
 VOCAB = 96
 PAD = 0
 
@@ -155,7 +159,8 @@ def test_task_heads_match_single_device(world, seq, _fresh_seed):
         for name, r in per_model.items():
             where = f"{name}, rank {rank}, P={world}: {r}"
             for errors in r["steps"]:
-                assert max(errors.values()) <= TOL, where
+                assert errors["grads"] <= TOL and errors["outputs"] <= TOL, where
+                assert errors["params"] <= PARAM_TOL, where
             assert r["selections"] == SELECTIONS[name] and r["softmaxes"] == SOFTMAXES[name], where
 
 
