@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -197,11 +198,15 @@ class AutospModule(torch.nn.Module):
         # a reduce-scatter: the SP sum, and the replicas' mean with this factor.
         self.shard_scale = 1.0
         self._fsdp_root_ready = False
+        self._fsdp_outside = None
         if sharded:  # (and FSDP2's own hooks, where the user calls a sharded module outside, alike)
             try:
-                self.shard_scale = fsdp.prepare_outside_calls(model, dist.get_world_size() // self.sp_size)
+                self._fsdp_outside = fsdp.OutsideCalls(model, dist.get_world_size() // self.sp_size)
             except ValueError as e:
                 raise AutospError(str(e)) from None
+            self.shard_scale = self._fsdp_outside.scale
+            handle = model.register_forward_pre_hook(_plain_fsdp_call(self._fsdp_outside))
+            weakref.finalize(self, handle.remove)
         self.sharded_names = frozenset(name for name, _ in sharded)
         dense = [p for p in model.parameters() if not fsdp.is_sharded(p)]
         if self.sp_size > 1:
@@ -545,6 +550,8 @@ class AutospModule(torch.nn.Module):
         kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         program = self._program_for(args, kwargs, leaves, spec, check=self.check_inputs)
+        if self._fsdp_outside is not None:
+            self._fsdp_outside.compiled()
         with autocast_off():  # the program's casts are its own ops (autocast_state)
             return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
 
@@ -552,6 +559,15 @@ class AutospModule(torch.nn.Module):
     def programs(self) -> list[CompiledProgram]:
         """The programs compiled so far (one per input signature)."""
         return list(self._programs.values())
+
+
+def _plain_fsdp_call(outside: fsdp.OutsideCalls):
+    """A forward pre-hook: the plain model is called, FSDP2 reduces with the user's factors."""
+    def hook(module, args):
+        if not torch.compiler.is_compiling():  # (autosp's own export traces the model)
+            outside.plain()
+    hook.__autosp_inert__ = True  # type: ignore[attr-defined]  # not part of a program's key
+    return hook
 
 
 def _fits(program: CompiledProgram, leaves) -> bool:

@@ -249,24 +249,26 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
 
 
 
+def _int_array(module, attr: str) -> list[int]:
+    """The i64 array ``attr`` of ``@main`` (empty where absent)."""
+    attrs = main_func(module).attributes
+    return [ir.IntegerAttr(a).value for a in attrs[attr]] if attr in attrs else []
+
+
 def buffer_writes(module) -> list[int]:
     """The arguments (buffers) the leading results of ``@main`` are written to (the importer)."""
-    attrs = main_func(module).attributes
-    return [ir.IntegerAttr(a).value for a in attrs[BUFFER_WRITES_ATTR]] if BUFFER_WRITES_ATTR in attrs else []
+    return _int_array(module, BUFFER_WRITES_ATTR)
 
 
 def sharded_results(module) -> list[int]:
     """The results of ``@main`` each rank returns its sequence shard of (``autosp-shard-sequence``),
     counted as the original results (before ``autosp-tile-loss`` dropped any)."""
-    func = main_func(module)
-    attrs = func.attributes
-    return [ir.IntegerAttr(a).value for a in attrs[SHARDED_RESULTS_ATTR]] if SHARDED_RESULTS_ATTR in attrs else []
+    return _int_array(module, SHARDED_RESULTS_ATTR)
 
 
 def dropped_results(module) -> list[int]:
     """The results ``autosp-tile-loss{drop-logits}`` removed from ``@main`` (the logits)."""
-    func = main_func(module)
-    return [ir.IntegerAttr(a).value for a in func.attributes[DROPPED_ATTR]] if DROPPED_ATTR in func.attributes else []
+    return _int_array(module, DROPPED_ATTR)
 
 
 def build_program(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,

@@ -181,9 +181,12 @@ def _fsdp_body(rank, world, queue, seed):
 
     out = step()
     result = {"grads": max(out.values())}
-    for group in [g for m in model.modules() if hasattr(m, "_get_fsdp_state")
-                  for g in m._get_fsdp_state()._fsdp_param_groups]:
-        group.gradient_divide_factor = None  # the control: FSDP2's default mean over the world
+    # the plain FSDP2 model after compile (the same batch on every rank): FSDP2's own mean
+    model.zero_grad(set_to_none=True)
+    _chunked_loss(model.lm_head, model(ids), targets, count).backward()
+    result["plain"] = max(relative_error(p.grad.full_tensor(), q.grad)
+                          for p, q in zip(model.parameters(), reference.parameters()))
+    sp._fsdp_outside.factor = float(world)  # the control: FSDP2's default mean over the world
     result["control"] = step()["inner.lm_head.weight"]
     queue.put((rank, result))
 
@@ -195,4 +198,5 @@ def test_fsdp_groups_of_several_modules_and_a_head_outside(_fresh_seed):
     results = run_ranks(_fsdp_body, 2, args=(_fresh_seed % 10000,), timeout=300)
     for rank, r in results.items():
         assert r["grads"] <= TOL, f"rank {rank}: {r}"
+        assert r["plain"] <= TOL, f"rank {rank}: the plain FSDP2 model after compile: {r}"
         assert r["control"] > 0.1, f"rank {rank}: the control (FSDP2's mean) should be wrong: {r}"

@@ -85,10 +85,7 @@ def _body(rank, world, queue, seed, outside_sum, family="llama3"):
     model._skip_lm_head = True
     if not outside_sum:
         model.autosp.grad_sync.outside = None
-        for m in model.modules():  # FSDP2's own mean over the world for lm_head's group
-            if hasattr(m, "_get_fsdp_state"):
-                for g in m._get_fsdp_state()._fsdp_param_groups:
-                    g.gradient_divide_factor = None
+        model.autosp._fsdp_outside.factor = float(world)  # FSDP2's own mean over the world for lm_head's group
     loss_fn, ref_loss_fn = _loss_fn(model.lm_head), _loss_fn(reference.lm_head)
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=8e-4)

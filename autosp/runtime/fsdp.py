@@ -151,37 +151,46 @@ def check_policies(model: torch.nn.Module) -> None:
                                  "runs FSDP2's hooks that move them); use fully_shard without offload_policy")
 
 
-def prepare_outside_calls(model: torch.nn.Module, replicas: int) -> float:
-    """Make FSDP2's own hooks agree with the compiled calls, and return the factor the calls
-    scale their reduce-scattered gradients by.
+class OutsideCalls:
+    """FSDP2's own divide factor while a compiled call's modules may be called outside it,
+    and the user's again for the plain model.
 
     The compiled call gathers and reduces the shards itself; FSDP2's hooks still run where
     the user calls a sharded module outside it (torchtitan's chunked loss calls ``lm_head``).
-    Two things make those calls right: the root's lazy initialisation (:func:`init_root`,
-    at the first call: FSDP2 does it at the root's first forward, which the compiled call
-    replaces, and a group of several modules, ``fully_shard([norm, lm_head])``, otherwise
-    finds no single root), and one divide factor. Each rank's gradient is its share of its replica's batch, so the sum over the
-    world is divided by the number of ``replicas``, FSDP2's default divide (the world size)
-    counting every sequence rank as a replica. A factor the user set
-    (``set_gradient_divide_factor``, torchtitan's 1.0: it normalises by the global token
-    count) is kept, and the compiled calls use it too; groups that disagree are refused."""
-    factors = set()
-    gloo = dist.is_initialized() and dist.get_backend() == "gloo"
-    for _, _, state in _fsdp_states(model):
-        for group in _param_groups_of(state):
-            if group.gradient_divide_factor is None:
-                group.gradient_divide_factor = float(replicas)
-            if gloo:  # gloo has no PREMUL_SUM (a factor's reduce op): a sum, divided after
-                group.force_sum_reduction_for_comms = True
-            factors.add(float(group.gradient_divide_factor))
-    if len(factors) > 1:
-        raise ValueError(f"the fully_shard groups set different gradient divide factors {sorted(factors)}; "
-                         "autosp reduces every group alike (set_gradient_divide_factor on all of them)")
-    return 1.0 / factors.pop() if factors else 1.0 / replicas
+    Each rank's gradient there is its share of its replica's batch, so the sum over the world
+    must be divided by the number of ``replicas``, where FSDP2's default divides by the
+    world size (every sequence rank counted as a replica). :meth:`compiled` sets that factor
+    (a factor the user set, torchtitan's 1.0, is kept; the calls scale by it too:
+    :attr:`scale`), at each compiled call; :meth:`plain` puts the user's back when the plain
+    model is called, whose ranks then hold whole losses of one batch, as FSDP2 assumes.
+    Groups whose user factors disagree are refused (ValueError). On gloo, which has no
+    PREMUL_SUM, the factor's reduction is a sum divided after."""
+
+    def __init__(self, model: torch.nn.Module, replicas: int):
+        self.groups = [g for _, _, state in _fsdp_states(model) for g in _param_groups_of(state)]
+        self.saved = [(g.gradient_divide_factor, g.force_sum_reduction_for_comms) for g in self.groups]
+        user = {float(f) for f, _ in self.saved if f is not None}
+        if len(user) > 1:
+            raise ValueError(f"the fully_shard groups set different gradient divide factors {sorted(user)}; "
+                             "autosp reduces every group alike (set_gradient_divide_factor on all of them)")
+        self.factor = user.pop() if user else float(replicas)
+        self.scale = 1.0 / self.factor
+        self.gloo = dist.is_initialized() and dist.get_backend() == "gloo"
+
+    def compiled(self) -> None:
+        for g in self.groups:
+            g.gradient_divide_factor = self.factor
+            g.force_sum_reduction_for_comms = g.force_sum_reduction_for_comms or self.gloo
+
+    def plain(self) -> None:
+        for g, (factor, force_sum) in zip(self.groups, self.saved):
+            g.gradient_divide_factor, g.force_sum_reduction_for_comms = factor, force_sum
 
 
 def init_root(model: torch.nn.Module) -> None:
-    """FSDP2's lazy initialisation from ``model``, the root (see :func:`prepare_outside_calls`):
+    """FSDP2's lazy initialisation from ``model``, the root (FSDP2 does it at the root's first
+    forward, which the compiled call replaces; a group of several modules,
+    ``fully_shard([norm, lm_head])``, called outside otherwise finds no single root):
     at the first compiled call, when a model built on the meta device has its weights."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
