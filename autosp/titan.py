@@ -63,9 +63,11 @@ class _MasksInside(torch.nn.Module):
 
 def _needs_masks(model) -> bool:
     """torchtitan builds masks for its Flex and Varlen attention configs only."""
+    attention = sys.modules.get(_ATTENTION)
     first = getattr(getattr(model, "config", None), "first_attention", None)
     inner = getattr(first, "inner_attention", None)
-    return type(inner).__qualname__ in ("FlexAttention.Config", "VarlenAttention.Config")
+    return attention is not None and isinstance(
+        inner, (attention.FlexAttention.Config, attention.VarlenAttention.Config))
 
 
 @contextlib.contextmanager

@@ -187,3 +187,19 @@ def test_negative_control_an_unproven_flex_mask_is_quadratic_on_fake_cuda():
     step = _fake_cuda_step("unproven")
     with pytest.raises(AssertionError, match="two sequence dims"):
         step.check()
+
+
+def test_flex_defaults_run_as_plain_attention():
+    """No block mask, flex's own ``noop_mask`` and no ``score_mod`` are plain attention (no
+    mask tensor built); a causal ``mask_mod`` matches ``is_causal``."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention, noop_mask
+
+    from autosp.frontend.flex import flex_as_dense
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    plain = F.scaled_dot_product_attention(q, k, v)
+    with flex_as_dense():
+        for block_mask in (None, create_block_mask(noop_mask, 1, None, 8, 8, device="cpu")):
+            torch.testing.assert_close(flex_attention(q, k, v, block_mask=block_mask), plain)
+        causal = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, None, 8, 8, device="cpu")
+        torch.testing.assert_close(flex_attention(q, k, v, block_mask=causal),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True))

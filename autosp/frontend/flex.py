@@ -60,11 +60,12 @@ def dense_flex_attention(query, key, value, score_mod=None, block_mask=None, sca
     hi = torch.arange(hq, device=device).view(1, hq, 1, 1)
     qi = torch.arange(s_q, device=device).view(1, 1, s_q, 1)
     ki = torch.arange(s_kv, device=device).view(1, 1, 1, s_kv)
+    fa = sys.modules[_MODULE]
     mask = None
     mask_mod = getattr(block_mask, "mask_mod", None) if block_mask is not None else None
-    if mask_mod is not None and getattr(mask_mod, "__name__", "") != "_no_mask":
+    if mask_mod is not None and mask_mod is not fa.noop_mask:  # (flex's own "no mask")
         mask = mask_mod(bi, hi, qi, ki)
-    identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
+    identity = score_mod is None or score_mod is fa._identity
     if identity and not want_lse:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
         lse = None
@@ -77,7 +78,7 @@ def dense_flex_attention(query, key, value, score_mod=None, block_mask=None, sca
         out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
         lse = torch.logsumexp(scores, dim=-1) if want_lse else None
     if return_aux is not None:
-        return out, sys.modules[_MODULE].AuxOutput(lse=lse, max_scores=None)
+        return out, fa.AuxOutput(lse=lse, max_scores=None)
     return (out, lse) if return_lse else out
 
 

@@ -28,6 +28,7 @@ judge its ops.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -61,10 +62,12 @@ def is_titan_routed_experts(module: torch.nn.Module) -> bool:
     back: output row t depends on row t of x, scores and ids only. The tokens-per-expert
     counts only group the sorted rows; the stated op recomputes them from the ids it gets
     (:class:`TokenExperts`), so each rank's call counts its own tokens."""
-    dispatcher = getattr(module, "token_dispatcher", None)
-    return type(module).__name__ == "RoutedExperts" and \
-        any(c.__name__ == "LocalTokenDispatcher" for c in type(dispatcher).__mro__) and \
-        getattr(dispatcher, "ep_mesh", None) is None and hasattr(getattr(module, "inner_experts", None), "num_experts")
+    moe = sys.modules.get("torchtitan.models.common.moe")
+    dispatch = sys.modules.get("torchtitan.models.common.token_dispatcher")
+    if moe is None or dispatch is None or not isinstance(module, moe.RoutedExperts):
+        return False
+    dispatcher = module.token_dispatcher
+    return isinstance(dispatcher, dispatch.LocalTokenDispatcher) and getattr(dispatcher, "ep_mesh", None) is None
 
 
 @contextlib.contextmanager
