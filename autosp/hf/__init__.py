@@ -12,6 +12,20 @@ Example::
 See :mod:`autosp.hf.trainer` for what the integration does with data, gradients, token
 counts, evaluation and saving.
 """
-from autosp.hf.trainer import FusedLogProbsOutput, SequenceParallelModel, Trainer, sequence_parallel
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __all__ = ["FusedLogProbsOutput", "SequenceParallelModel", "Trainer", "sequence_parallel"]
+
+if TYPE_CHECKING:
+    from autosp.hf.trainer import FusedLogProbsOutput, SequenceParallelModel, Trainer, sequence_parallel
+
+
+def __getattr__(name: str):
+    # The Trainer integration imports transformers; the compiler imports this package's
+    # stated ops (experts, recurrences), which must not: a core install has no transformers.
+    if name in __all__:
+        from autosp.hf import trainer
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'autosp.hf' has no attribute {name!r}")
