@@ -23,6 +23,11 @@ mask. The hidden states are this rank's sequence shard: the chunked loss applies
 ``lm_head`` to them, and its gradient is summed over the group
 (:mod:`autosp.runtime.outside_grads`).
 
+torchtitan's Qwen3.5 GatedDeltaNet (fla's per-document varlen kernels, CUDA-only) is
+stated while exporting too (:func:`_deltanet_stated`): per-row document starts, the
+convolution as ops autosp proves causal, the kernel as ``autosp::gated_delta_rule``
+restarting where documents start.
+
 The data contract is autosp's: every rank of a group passes the same full batch and
 ``labels`` are sharded with ``model.autosp.shard_sequence(labels)``; the loss is the local
 sum over the global token count (torchtitan's ``global_valid_tokens``).
@@ -55,10 +60,11 @@ class _MasksInside(torch.nn.Module):
     def forward(self, tokens, positions=None, **kwargs):
         m = self.model
         masks = None
-        if positions is not None and _needs_masks(m):
-            with _document_masks():
-                masks = m.get_attention_masks(positions)
-        return type(m).forward(m, tokens, positions=positions, attention_masks=masks, **kwargs)
+        with _deltanet_stated():
+            if positions is not None and _needs_masks(m):
+                with _document_masks():
+                    masks = m.get_attention_masks(positions)
+            return type(m).forward(m, tokens, positions=positions, attention_masks=masks, **kwargs)
 
 
 def _needs_masks(model) -> bool:
@@ -89,6 +95,81 @@ def _document_masks() -> Iterator[None]:
     finally:
         for m in holders:
             setattr(m, name, original)
+
+
+_QWEN35 = "torchtitan.models.qwen3_5.model"
+_GDN_KERNEL = f"{_QWEN35}:_fla_chunk_gated_delta_rule"
+
+
+def _document_starts(positions: torch.Tensor, *, include_host_offsets: bool = False):
+    """torchtitan's ``create_varlen_metadata_for_document`` for Qwen3.5's GatedDeltaNet,
+    stated: where each document starts (``positions == 0``, [B, S]) in place of the packed
+    offsets, which are data (``tolist``) and fold the rows into one."""
+    starts = positions == 0
+    return sys.modules[_ATTENTION].VarlenMetadata(cu_seq_q=starts, cu_seq_k=starts, max_q=0, max_k=0,
+                                                  cu_seq_q_host=())
+
+
+def _document_conv(x_BLD: torch.Tensor, weight: torch.Tensor, starts: torch.Tensor, _host=None) -> torch.Tensor:
+    """fla's per-document causal depthwise convolution with SiLU (torchtitan's
+    ``_causal_conv1d_varlen``, CUDA-only), written as ops: the k shifts of ``x`` by one
+    padded convolution cut to S (a causal convolution, which autosp proves and splits with
+    a halo), each kept where the shifted position is in the same document
+    (``cumsum(starts)``, shifted the same way), weighted and summed."""
+    B, L, D = x_BLD.shape
+    k = weight.shape[-1]
+    one_hot = torch.eye(k, dtype=x_BLD.dtype, device=x_BLD.device).flip(-1)  # row d picks x[t - d]
+    shifted = torch.nn.functional.conv1d(x_BLD.transpose(1, 2), one_hot.repeat(D, 1).unsqueeze(1), padding=k - 1,
+                                         groups=D)[..., :L].reshape(B, D, k, L)
+    doc = starts.to(torch.float32).cumsum(1).unsqueeze(1)  # [B, 1, L]: 1, 2, ... (0 is the padding)
+    doc_shifted = torch.nn.functional.conv1d(doc, one_hot.to(torch.float32).unsqueeze(1), padding=k - 1)[..., :L]
+    same = (doc_shifted == doc).to(x_BLD.dtype)  # [B, k, L]
+    taps = weight.reshape(D, k).flip(-1).to(x_BLD.dtype)  # [D, k]: the weight of x[t - d]
+    y = (shifted * taps[None, :, :, None] * same[:, None]).sum(2)
+    return torch.nn.functional.silu(y).transpose(1, 2)
+
+
+def _deltanet_kernel(self, q, k, v, g, beta, *, cu_seqlens=None, cu_seqlens_cpu=None):
+    """torchtitan's ``GatedDeltaKernel.forward`` stated as ``autosp::gated_delta_rule``:
+    the kernel the model module names (fla's chunked kernel on CUDA; whatever the user put
+    there, e.g. transformers' torch kernel, on CPU), restarted where documents start."""
+    import autosp
+    if self.backend != "fla_chunked":
+        raise autosp.AutospError(f"autosp.titan: Qwen3.5's GatedDeltaNet backend {self.backend!r} is inference-only; "
+                                 "autosp states 'fla_chunked' (its initial-state/final-state contract)")
+    if q.shape[2] != v.shape[2]:  # (grouped heads, as torchtitan expands them)
+        q = q.repeat_interleave(v.shape[2] // q.shape[2], dim=2)
+        k = k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
+    return torch.ops.autosp.gated_delta_rule(q, k, v, g, beta, True, 64, _GDN_KERNEL, cu_seqlens)
+
+
+@contextlib.contextmanager
+def _deltanet_stated() -> Iterator[None]:
+    """While exporting, Qwen3.5's GatedDeltaNet (torchtitan's) as autosp states it: the rows
+    stay rows (torchtitan folds the batch into one packed row, its documents then the rows
+    and the packed documents); the document offsets become document starts
+    (:func:`_document_starts`); fla's varlen convolution becomes :func:`_document_conv`
+    and its kernel ``autosp::gated_delta_rule`` (:func:`_deltanet_kernel`). The same
+    model, row by row: each row starts a document where ``positions`` is 0 at its start."""
+    qwen = sys.modules.get(_QWEN35)
+    if qwen is None:
+        yield
+        return
+    from autosp.hf import recurrences  # noqa: F401  (registers autosp::gated_delta_rule)
+    stated = {"create_varlen_metadata_for_document": _document_starts, "_causal_conv1d_varlen": _document_conv,
+              "_fold_bl_dim": lambda t, batch, seq: t,
+              "_unflatten_to_bld": lambda t, batch, seq: t.reshape(batch, seq, -1)}
+    originals = {name: getattr(qwen, name) for name in stated}
+    kernel = qwen.GatedDeltaKernel.forward
+    try:
+        for name, fn in stated.items():
+            setattr(qwen, name, fn)
+        qwen.GatedDeltaKernel.forward = _deltanet_kernel
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(qwen, name, fn)
+        qwen.GatedDeltaKernel.forward = kernel
 
 
 def compile(model: torch.nn.Module, **options) -> torch.nn.Module:

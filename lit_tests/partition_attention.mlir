@@ -268,3 +268,47 @@ func.func @gated_delta_rule_heads(%x: !torch.vtensor<[2,4,?,8],f32> {autosp.inpu
   torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
   return %a, %o : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>
 }
+
+// -----
+
+// A Gated DeltaNet op that restarts at packed documents (operand 8, true where a document
+// starts: torchtitan's Qwen3.5) runs as a chain, whatever was priced or asked: each rank's
+// part restarts where its documents start; the prefix's summaries and the heads' whole
+// sequences assume no restart.
+// CHECK-LABEL: func.func @gated_delta_rule_documents
+// CHECK: torch.operator "torch.autosp.gated_delta_rule"(%arg1, %arg2, %arg3, %arg4, %arg5, %true, %int64, %str, %arg6) {autosp.scan_method = "chain"}
+// HEADS-LABEL: func.func @gated_delta_rule_documents
+// HEADS-NOT: "autosp.all_to_all"(%arg{{[1-6]}}
+// HEADS: torch.operator "torch.autosp.gated_delta_rule"({{.*}}, %arg6) {autosp.scan_method = "chain"}
+// P4-LABEL: func.func @gated_delta_rule_documents
+// P4: torch.operator "torch.autosp.gated_delta_rule"({{.*}}, %arg6) {autosp.scan_method = "chain"}
+// CHAIN-LABEL: func.func @gated_delta_rule_documents
+// CHAIN: torch.operator "torch.autosp.gated_delta_rule"({{.*}}, %arg6) {autosp.scan_method = "chain"}
+func.func @gated_delta_rule_documents(%x: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                                  %gq: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64},
+                                  %gk: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 1 : i64},
+                                  %gv: !torch.vtensor<[2,?,4,8],f32> {autosp.input = "args[3]", autosp.seq_dim = 1 : i64},
+                                  %gg: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[4]", autosp.seq_dim = 1 : i64},
+                                  %gb: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[5]", autosp.seq_dim = 1 : i64},
+                                  %starts: !torch.vtensor<[2,?],i1> {autosp.input = "args[6]", autosp.seq_dim = 1 : i64})
+    -> (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>) {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %float0 = torch.constant.float 0.000000e+00
+  %int64 = torch.constant.int 64
+  %str = torch.constant.str "torchtitan.models.qwen3_5.model:_fla_chunk_gated_delta_rule"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %gq, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gk, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gv, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %gg, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  torch.bind_symbolic_shape %gb, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  torch.bind_symbolic_shape %starts, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],i1>
+  %a = torch.aten.scaled_dot_product_attention %x, %x, %x, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  torch.bind_symbolic_shape %a, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %o = torch.operator "torch.autosp.gated_delta_rule"(%gq, %gk, %gv, %gg, %gb, %true, %int64, %str, %starts) : (!torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,4,8],f32>, !torch.vtensor<[2,?,4],f32>, !torch.vtensor<[2,?,4],f32>, !torch.bool, !torch.int, !torch.str, !torch.vtensor<[2,?],i1>) -> !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  return %a, %o : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>
+}

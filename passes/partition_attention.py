@@ -356,6 +356,14 @@ def gated_delta_rule_heads(op, sp_size: int) -> bool:
     return ranks == [4, 4, 4, 3, 3] and all(h is not None and h % sp_size == 0 for h in heads)
 
 
+def recurrence_documents(op) -> bool:
+    """Does the Gated DeltaNet op restart at packed documents (its ``starts`` operand, 8)?"""
+    if ops.operator_name(op) != ops.GATED_DELTA_RULE or len(op.operands) < 9:
+        return False
+    owner = op.operands[8].owner
+    return isinstance(owner, ir.Block) or op_name(owner) != "torch.constant.none"
+
+
 def recurrence_shape(op) -> RecurrenceShape | None:
     """The sizes :mod:`autosp.planning.recurrence` prices, read from a stated recurrence op
     (static head counts and dims; None where one is not static)."""
@@ -388,15 +396,21 @@ def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, 
     (:func:`gated_delta_rule_heads`) to run on each rank's heads over the whole sequence,
     an all-to-all to heads for each input, the kernel as it is, an all-to-all back;
     **chain** and **prefix** leave the op to ``autosp-shard-sequence``, with the method in
-    ``autosp.scan_method``. All three are exact. Returns the reasons, one per op."""
+    ``autosp.scan_method``. All three are exact. An op that restarts at packed documents
+    (its ``starts`` operand) runs as a chain, whatever was asked. Returns the reasons, one
+    per op."""
     forced = options.recurrence if options is not None else "auto"
     why = []
     for op in [o for o in body_ops(main_func(module)) if op_name(o) == "torch.operator"
                and ops.operator_name(o) in ops.RECURRENCE_OPERATORS]:
-        heads_ok = ops.operator_name(op) == ops.GATED_DELTA_RULE and seq_len is not None and \
+        documents = recurrence_documents(op)
+        heads_ok = ops.operator_name(op) == ops.GATED_DELTA_RULE and seq_len is not None and not documents and \
             gated_delta_rule_heads(op, sp_size) and all(info.seq_dims(v) == [1] for v in op.operands[:5])
         shape = recurrence_shape(op)
-        if forced != "auto":
+        if documents:  # the prefix's summaries assume no restart; heads would need the whole starts
+            method, reason = "chain", f"{ops.operator_name(op)}: chain (packed documents restart its state" + \
+                ("" if forced in ("auto", "chain") else f"; not {forced}, as requested") + ")"
+        elif forced != "auto":
             if forced == "heads" and not heads_ok:
                 raise DiagnosticError.at(op, f"cannot run on each rank's heads (recurrence=heads): it needs a Gated "
                                              f"DeltaNet op whose key and value heads are static and divide by "

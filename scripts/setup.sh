@@ -38,4 +38,11 @@ if ! .venv/bin/python -c 'import torchtitan, triton, tyro, spmd_types, einops, t
   "${PIP[@]}" install --no-compile --no-deps 'torchtitan==0.3.0'
   "${PIP[@]}" install --no-compile -e '.[titan]'
 fi
+# torchtitan's Qwen3.5 module imports fla (flash-linear-attention: Python, its kernels Triton,
+# CUDA-only). It goes into .venv/fla, not among the venv's packages: with fla importable,
+# transformers' Qwen3-Next calls fla's kernels even on CPU. Only test_titan_deltanet's ranks
+# (fresh processes) put it on their path.
+if [ ! -d .venv/fla/fla ]; then
+  "${PIP[@]}" install --no-compile --no-deps --target .venv/fla 'flash-linear-attention==0.6.0' 'fla-core==0.6.0'
+fi
 PYTHONDONTWRITEBYTECODE= .venv/bin/python -c 'import torch, torch_mlir, transformers, autosp.api, autosp; print(f"autosp {autosp.__version__}: torch {torch.__version__}, torch-mlir ready")'

@@ -33,6 +33,10 @@ own initial-state / final-state contract). The layout rules shard it along the s
   its outputs; the ranks all-gather the summaries, compose those before them, and correct
   their outputs. One (widened) part's time; P - 1 summaries in, one all-gather each way.
 
+``autosp::gated_delta_rule`` may also take ``starts`` ([B, S], true where a packed document
+starts: torchtitan's Qwen3.5, :mod:`autosp.titan`): the state restarts from zero there,
+each piece between starts is one kernel call, and such an op runs as a chain.
+
 The tests check each statement on random inputs: the kernel run in parts, state passed,
 equals the kernel run whole; and both methods on 2 and 4 ranks against an exact float64
 recurrence. A call the statement does not cover (an initial state given, the final state
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 
@@ -55,13 +60,14 @@ from autosp.runtime import opaque
 # ----------------------------------------------------------------------------- the ops
 @torch.library.custom_op("autosp::gated_delta_rule", mutates_args=())
 def gated_delta_rule_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
-                        beta: torch.Tensor, l2norm: bool, chunk: int, kernel: str) -> torch.Tensor:
+                        beta: torch.Tensor, l2norm: bool, chunk: int, kernel: str,
+                        starts: torch.Tensor | None = None) -> torch.Tensor:
     """The stated Gated DeltaNet op (export; the emitted program calls :func:`gated_delta_rule`)."""
-    return gated_delta_rule(query, key, value, g, beta, l2norm, chunk, kernel).contiguous()
+    return gated_delta_rule(query, key, value, g, beta, l2norm, chunk, kernel, starts).contiguous()
 
 
 @gated_delta_rule_op.register_fake
-def _(query, key, value, g, beta, l2norm, chunk, kernel):
+def _(query, key, value, g, beta, l2norm, chunk, kernel, starts=None):
     return value.new_empty(value.shape)
 
 
@@ -218,6 +224,36 @@ def _one_piece(group: str) -> None:
                            f"layout {lay.describe()} gives a rank two (zigzag): compile with sp_strategy='ulysses'")
 
 
+def _by_documents(step: Callable, inputs: list, starts: torch.Tensor, state: torch.Tensor):
+    """``step(*inputs, state) -> (out, final)`` over packed documents: each row of
+    ``starts`` ([B, S], true where a document starts) cuts its row into pieces, and each
+    piece after a cut runs from a zero state (a row that starts with a document drops
+    ``state`` too). Returns the outputs and each row's state after its last position."""
+    outs, finals = [], []
+    for row in range(starts.shape[0]):
+        pieces = [t[row:row + 1] for t in inputs]
+        bounds = [0, *[int(i) for i in starts[row].nonzero().flatten().tolist() if i > 0], starts.shape[1]]
+        s = state[row:row + 1]
+        if bool(starts[row, 0]):
+            s = torch.zeros_like(s)
+        parts = []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            o, s = step(*[t[:, lo:hi] for t in pieces], s if lo == 0 else torch.zeros_like(s))
+            parts.append(o)
+        outs.append(torch.cat(parts, 1))
+        finals.append(s)
+    return torch.cat(outs, 0), torch.cat(finals, 0)
+
+
+def _sized(fn: Callable, chunk: int) -> dict:
+    """``chunk_size=chunk`` where the kernel takes one (transformers'), else nothing (fla's
+    kernels chunk by their own size)."""
+    try:
+        return {"chunk_size": chunk} if "chunk_size" in inspect.signature(fn).parameters else {}
+    except (TypeError, ValueError):
+        return {"chunk_size": chunk}
+
+
 def _chain(run: Callable, inputs: list, state_shape, group: str | None, whole: Callable):
     """``whole()`` on one rank; else this rank's part of the chain over ``group``."""
     from autosp.runtime import collectives
@@ -258,8 +294,8 @@ def _gdn_stated(fn, chunk: int, l2norm: bool, out_dtype) -> Stated:
             final = start
         else:  # (transformers' kernel computes in float32 whatever it is given: fed float32, its output stays)
             values = torch.cat([v.new_zeros(bsz, seq, heads, dk, dtype=wide), v.to(wide)], -1)
-            out, final = fn(q.to(wide), k.to(wide), values, g=gate, beta=b, chunk_size=chunk, initial_state=start,
-                            output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+            out, final = fn(q.to(wide), k.to(wide), values, g=gate, beta=b, initial_state=start,
+                            output_final_state=True, use_qk_l2norm_in_kernel=l2norm, **_sized(fn, chunk))
         return out[..., dk:], out[..., :dk], final[..., :dk], final[..., dk:]
 
     return Stated(summarise, lambda T, S, s: T @ S + s,
@@ -369,24 +405,37 @@ def _sharded(method: str, run: Callable, stated: Callable, inputs: list, state_s
     return _chain(run, inputs, state_shape, group, whole)
 
 
-def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str, *, group: str | None = None,
-                     method: str = "chain"):
-    """``autosp::gated_delta_rule`` in the emitted program (see the module docstring)."""
+def gated_delta_rule(query, key, value, g, beta, l2norm: bool, chunk: int, kernel: str,
+                     starts: torch.Tensor | None = None, *, group: str | None = None, method: str = "chain"):
+    """``autosp::gated_delta_rule`` in the emitted program (see the module docstring).
+
+    ``starts`` ([B, S], true where a packed document starts): the state restarts from zero
+    there (torchtitan's per-document resets); such a call runs as a chain, whose parts
+    restart where their documents do (the prefix's summaries assume no restart)."""
     if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
-        return opaque.call(GATED_DELTA_RULE, query, key, value, g, beta, l2norm, chunk, kernel, group=group,
+        return opaque.call(GATED_DELTA_RULE, query, key, value, g, beta, l2norm, chunk, kernel, starts, group=group,
                            method=method)
     fn = _kernel(kernel)
+    sized = _sized(fn, chunk)
+
+    def step(q, k, v, gate, b, state):
+        return fn(q, k, v, g=gate, beta=b, initial_state=state, output_final_state=True,
+                  use_qk_l2norm_in_kernel=l2norm, **sized)
 
     def run(inputs, state):
-        q, k, v, gate, b = inputs
-        return fn(q, k, v, g=gate, beta=b, chunk_size=chunk, initial_state=state, output_final_state=True,
-                  use_qk_l2norm_in_kernel=l2norm)
+        q, k, v, gate, b = inputs[:5]
+        return _by_documents(step, inputs[:5], inputs[5], state) if len(inputs) > 5 else step(q, k, v, gate, b, state)
+
+    shape = (query.shape[0], value.shape[2], query.shape[3], value.shape[3])
 
     def whole():
-        return fn(query, key, value, g=g, beta=beta, chunk_size=chunk, use_qk_l2norm_in_kernel=l2norm)[0]
-    shape = (query.shape[0], value.shape[2], query.shape[3], value.shape[3])
-    return _sharded(method, run, lambda: _gdn_stated(fn, chunk, l2norm, value.dtype), [query, key, value, g, beta],
-                    shape, group, whole)
+        if starts is not None:
+            state = query.new_zeros(shape, dtype=torch.promote_types(query.dtype, torch.float32))
+            return _by_documents(step, [query, key, value, g, beta], starts, state)[0]
+        return fn(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=l2norm, **sized)[0]
+    inputs = [query, key, value, g, beta] + ([starts] if starts is not None else [])
+    return _sharded("chain" if starts is not None else method, run, lambda: _gdn_stated(fn, chunk, l2norm, value.dtype),
+                    inputs, shape, group, whole)
 
 
 def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool, dt_min: float, dt_max: float,
