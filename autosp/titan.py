@@ -32,9 +32,11 @@ The data contract is autosp's: every rank of a group passes the same full batch 
 ``labels`` are sharded with ``model.autosp.shard_sequence(labels)``; the loss is the local
 sum over the global token count (torchtitan's ``global_valid_tokens``).
 
-Example (torchtitan's own parallelize, then autosp)::
+Example (torchtitan's Trainer; its own parallelize, then autosp)::
 
     import autosp.titan
+    config.parallelism.context_parallel_degree = 4
+    autosp.titan.Trainer(config).train()                                  # or:
     spec.parallelize_fn = autosp.titan.parallelize(spec.parallelize_fn)   # or:
     model = autosp.titan.compile(parallelize_llama(model, ...))
 """
@@ -194,11 +196,138 @@ def compile(model: torch.nn.Module, **options) -> torch.nn.Module:
     return model
 
 
+class _WithoutCP:
+    """torchtitan's ``ParallelDims`` as its ``parallelize_fn`` sees them under autosp:
+    context parallelism off (autosp is the CP: torchtitan's own would split the attention
+    a second time), every mesh the real one's, so FSDP2 still shards over ``fsdp``
+    (data-parallel shards times the CP ranks)."""
+
+    cp = 1
+    cp_enabled = False
+
+    def __init__(self, dims):
+        self._dims = dims
+
+    def __getattr__(self, name):
+        return getattr(self._dims, name)
+
+    @property
+    def dp_cp_enabled(self) -> bool:
+        return self._dims.dp_enabled
+
+
+def _checkpointing(ac_config) -> str:
+    """torchtitan's activation checkpointing as autosp's ``checkpointing`` option."""
+    from torchtitan.distributed import activation_checkpoint as ac
+
+    import autosp
+    if isinstance(ac_config, ac.FullAC.Config):
+        return "full"
+    if isinstance(ac_config, ac.SelectiveAC.Config):
+        return "sac"
+    raise autosp.AutospError(f"autosp.titan: activation checkpointing {type(ac_config).__qualname__} has no autosp "
+                             "equivalent; use FullAC or SelectiveAC (autosp's 'full' / 'sac'), or none")
+
+
 def parallelize(parallelize_fn: Callable | None = None, **options) -> Callable:
-    """A ``ModelSpec.parallelize_fn`` that applies ``parallelize_fn`` (torchtitan's: FSDP2,
-    activation checkpointing; context parallelism off) and then :func:`compile`."""
+    """A ``ModelSpec.parallelize_fn`` that applies ``parallelize_fn`` (torchtitan's: FSDP2)
+    with torchtitan's context parallelism off, then :func:`compile` over the CP mesh's
+    group (``parallel_dims.get_mesh("cp")``) where ``context_parallel_degree > 1``, else
+    over ``options``' group (default: the world). torchtitan's activation checkpointing
+    (``ac_config``) becomes autosp's (``FullAC``: ``checkpointing="full"``, ``SelectiveAC``:
+    ``"sac"``): a wrapped block is never called by the compiled program."""
     def fn(model, *args, **kwargs):
+        dims = kwargs.get("parallel_dims")
+        opts = dict(options)
+        if dims is not None and dims.cp_enabled:
+            kwargs["parallel_dims"] = _WithoutCP(dims)
+            opts.setdefault("group", dims.get_mesh("cp").get_group())
+        if kwargs.get("ac_config") is not None:  # a compiled program never calls a wrapped block: autosp's
+            opts.setdefault("checkpointing", _checkpointing(kwargs["ac_config"]))
+            kwargs["ac_config"] = None
         if parallelize_fn is not None:
             model = parallelize_fn(model, *args, **kwargs)
-        return compile(model, **options)
+        return compile(model, **opts)
     return fn
+
+
+class _ShardedLabels:
+    """The trainer's loss on this rank's part: ``labels`` (and ``positions``, where the loss
+    is given them) become this rank's sequence shard, as the hidden states are. The model
+    has been called by then, so the compiled module knows its sequence layout."""
+
+    def __init__(self, loss_fn, model, trainer):
+        self._loss_fn, self._model, self._trainer = loss_fn, model, trainer
+
+    def __getattr__(self, name):  # (set_lm_head, num_chunks, ...: the loss's own)
+        return getattr(self._loss_fn, name)
+
+    def __call__(self, pred, labels, global_valid_tokens=None, **kwargs):
+        sp = self._model.autosp
+        labels = sp.shard_sequence(labels)
+        if isinstance(kwargs.get("positions"), torch.Tensor):
+            kwargs["positions"] = sp.shard_sequence(kwargs["positions"])
+        self._trainer.ntokens_seen += labels.numel()  # (torchtitan counts this rank's tokens)
+        return self._loss_fn(pred, labels, global_valid_tokens, **kwargs)
+
+
+def _trainer_class() -> type:
+    """``autosp.titan.Trainer``: torchtitan's ``Trainer`` with autosp as its context
+    parallelism (built on first use: torchtitan is optional)."""
+    import dataclasses
+
+    from torchtitan.trainer import Trainer as _Trainer
+
+    import autosp
+
+    class Trainer(_Trainer):
+        """torchtitan's ``Trainer`` with autosp as its context parallelism.
+
+        Set ``parallelism.context_parallel_degree`` to the SP size, as for torchtitan's
+        own CP: its loader then gives the CP ranks the same batch (autosp's contract),
+        FSDP2 shards over data-parallel shards times CP ranks, and the loss is summed
+        over them. This class wraps ``model_spec.parallelize_fn`` with :func:`parallelize`
+        (torchtitan's CP off, autosp over the CP group, its activation checkpointing as
+        autosp's), replaces ``post_dataloading_process`` (no masks built outside: the
+        program builds its own from ``positions``; no inputs split: the program splits)
+        and gives the loss this rank's shard of the labels (:class:`_ShardedLabels`). The
+        rest is torchtitan's: its step, its chunked loss over the global token count,
+        clipping, optimizer, logging, checkpoints. ``parallelism.spmd_backend`` becomes
+        ``"partial_dtensor"`` (DTensor for FSDP2 only; ``spmd_types`` and ``full_dtensor``
+        type the activations over the meshes, and autosp traces the local model).
+        Pipeline and tensor parallelism, and the validator, are refused."""
+
+        def __init__(self, config):
+            par = config.parallelism
+            self._autosp_cp = par.context_parallel_degree > 1
+            if self._autosp_cp:
+                if par.pipeline_parallel_degree > 1 or par.tensor_parallel_degree > 1:
+                    raise autosp.AutospError(
+                        "autosp.titan.Trainer: autosp as context parallelism with pipeline or tensor parallelism "
+                        f"(pipeline_parallel_degree={par.pipeline_parallel_degree}, "
+                        f"tensor_parallel_degree={par.tensor_parallel_degree}) is not supported; set both to 1")
+                if config.validator.enable:
+                    raise autosp.AutospError("autosp.titan.Trainer: validation with autosp as context parallelism is "
+                                             "not supported yet; set validator.enable = False")
+                spec = config.model_spec
+                config.model_spec = dataclasses.replace(spec, parallelize_fn=parallelize(spec.parallelize_fn))
+                par.spmd_backend = "partial_dtensor"
+            super().__init__(config)
+            if self._autosp_cp:
+                self.loss_fn = _ShardedLabels(self.loss_fn, self.model_parts[0], self)  # type: ignore[has-type]
+
+        def post_dataloading_process(self, input_dict, labels):
+            if not self._autosp_cp:
+                return super().post_dataloading_process(input_dict, labels)
+            return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}
+
+    Trainer.__module__ = __name__
+    return Trainer
+
+
+def __getattr__(name: str):
+    if name == "Trainer":
+        cls = _trainer_class()
+        globals()["Trainer"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ fi
 # autosp.titan's tests: torchtitan 0.3.0 pins packages the test tools need newer (datasets),
 # so it comes without its dependencies, then the ones its models import (its model registry
 # imports triton, ~290 MB; on a CPU machine nothing runs it).
-if ! .venv/bin/python -c 'import torchtitan, triton, tyro, spmd_types, einops, torch_checkpointing' 2>/dev/null; then
+if ! .venv/bin/python -c 'import torchtitan, triton, tyro, spmd_types, einops, torch_checkpointing, tensorboard, torchdata' 2>/dev/null; then
   "${PIP[@]}" install --no-compile --no-deps 'torchtitan==0.3.0'
   "${PIP[@]}" install --no-compile -e '.[titan]'
 fi
