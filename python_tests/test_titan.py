@@ -39,12 +39,12 @@ def _config(family, flavor="debugmodel"):
     return cfg
 
 
-def _batch(seed):
+def _batch(seed, seq=SEQ):
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 2048, (2, SEQ), generator=gen)
-    labels = torch.randint(0, 2048, (2, SEQ), generator=gen)
-    positions = torch.arange(SEQ).repeat(2, 1)
-    cut = int(torch.randint(20, SEQ - 20, (1,), generator=gen))
+    tokens = torch.randint(0, 2048, (2, seq), generator=gen)
+    labels = torch.randint(0, 2048, (2, seq), generator=gen)
+    positions = torch.arange(seq).repeat(2, 1)
+    cut = int(torch.randint(20, seq - 20, (1,), generator=gen))
     positions[0, cut:] -= cut  # two packed documents in the first row
     return tokens, labels, positions
 
@@ -144,7 +144,7 @@ def test_negative_control_without_the_outside_sum_lm_head_is_wrong(_fresh_seed):
     assert min(r["steps"][0]["head"] for r in results.values()) > 0.1, results
 
 
-def _moe_body(rank, world, queue, seed, fp32_experts):
+def _moe_body(rank, world, queue, seed, fp32_experts, seq=SEQ):
     import torch.distributed as dist
     from torchtitan.models.common import moe
 
@@ -163,7 +163,7 @@ def _moe_body(rank, world, queue, seed, fp32_experts):
     reference.init_weights()
     model = copy.deepcopy(reference)
     model = autosp.titan.compile(model)
-    tokens, labels, positions = _batch(seed)
+    tokens, labels, positions = _batch(seed, seq)
     count = (labels != -100).sum()
     with flex_as_dense():
         h_ref = reference(tokens, positions, reference.get_attention_masks(positions))
@@ -186,28 +186,31 @@ def _moe_body(rank, world, queue, seed, fp32_experts):
     queue.put((rank, result))
 
 
-@pytest.mark.parametrize("fp32_experts", [True, False])
-def test_torchtitan_qwen3_moe_in_train_mode(fp32_experts, _fresh_seed):
+@pytest.mark.parametrize("fp32_experts,world,seq", [(True, 2, SEQ), (False, 2, SEQ), (True, 4, 130)])
+def test_torchtitan_qwen3_moe_in_train_mode(fp32_experts, world, seq, _fresh_seed):
     """qwen3 ``debugmodel_moe`` (2 layers): router, token dispatcher (its sort), grouped
     experts, and the ``tokens_per_expert`` counters every rank holds for the whole batch.
     torchtitan runs its experts in bf16 in an fp32 model: the split over ranks changes the
     order its bf16 weight gradients are summed in, so there they are held to bf16's
     precision (2e-2); with the experts' matmuls in fp32 every gradient is held to 1e-5."""
-    results = run_ranks(_moe_body, 2, args=(_fresh_seed % 10000, fp32_experts), timeout=600, fresh=True)
+    results = run_ranks(_moe_body, world, args=(_fresh_seed % 10000, fp32_experts, seq), timeout=600, fresh=True)
     for rank, r in results.items():
         assert r["loss"] <= TOL, f"rank {rank}: {r}"
         assert max(r["experts"], r["others"]) <= (TOL if fp32_experts else 2e-2), f"rank {rank}: {r}"
         assert r["n_counters"] == 2 and r["counts"] == 0.0, f"rank {rank}: counts differ from one device's: {r}"
 
 
-def _uneven_body(rank, world, queue, seed, seq):
+def _uneven_body(rank, world, queue, seed, seq, family="llama3"):
     """S not divisible by P (nor by the chunked loss's chunks): the hidden states gathered,
     a plain loss, one step's gradients."""
     import autosp.titan
     from autosp.frontend.flex import flex_as_dense
     from autosp.testing.parity import relative_error
+    if family != "llama3":  # (as in _body)
+        from torchtitan.distributed.utils import set_spmd_backend
+        set_spmd_backend("partial_dtensor")
     torch.manual_seed(seed)
-    reference = _config("llama3").build()
+    reference = _config(family).build()
     reference.init_weights()
     model = autosp.titan.compile(copy.deepcopy(reference), gather_outputs=True)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -226,8 +229,9 @@ def _uneven_body(rank, world, queue, seed, seq):
                                                                                   reference.parameters())))))
 
 
-@pytest.mark.parametrize("world,seq", [(2, 127), (4, 130)])
-def test_torchtitan_llama3_with_a_length_the_ranks_do_not_divide(world, seq, _fresh_seed):
-    results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq), timeout=600)
+@pytest.mark.parametrize("family,world,seq", [("llama3", 2, 127), ("llama3", 4, 130), ("muse_glimmer", 4, 130)])
+def test_torchtitan_models_with_a_length_the_ranks_do_not_divide(family, world, seq, _fresh_seed):
+    results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq, family), timeout=600,
+                        fresh=family != "llama3")
     for rank, r in results.items():
         assert r["forward"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"
