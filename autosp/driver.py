@@ -41,7 +41,6 @@ from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.module import CompiledProgram
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
-from autosp.hf import experts
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import (
     BUFFER_WRITES_ATTR,
@@ -59,7 +58,7 @@ from autosp.ir.ops import is_sdpa
 from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.planning.plan import MemoryPlan
-from autosp.runtime import collectives, fsdp
+from autosp.runtime import collectives, experts, fsdp
 from autosp.runtime.grad_sync import insert_sync_points, plan_buckets
 from autosp.units import human_bytes
 

@@ -157,7 +157,7 @@ def _deltanet_stated() -> Iterator[None]:
     if qwen is None:
         yield
         return
-    from autosp.hf import recurrences  # noqa: F401  (registers autosp::gated_delta_rule)
+    from autosp.runtime import recurrences  # noqa: F401  (registers autosp::gated_delta_rule)
     stated = {"create_varlen_metadata_for_document": _document_starts, "_causal_conv1d_varlen": _document_conv,
               "_fold_bl_dim": lambda t, batch, seq: t,
               "_unflatten_to_bld": lambda t, batch, seq: t.reshape(batch, seq, -1)}

@@ -28,7 +28,7 @@ key padding (causal or not: the [B, 1, 1, S] padding becomes the op's ``mask`` o
 masked rows follow eager attention's ``autosp.empty_rows`` rule, and hand-written attention
 keep ``auto`` on Ulysses and make a forced ring an error at the op.
 
-**Linear recurrences** (stated ops, :mod:`autosp.hf.recurrences`; ``recurrence=
+**Linear recurrences** (stated ops, :mod:`autosp.runtime.recurrences`; ``recurrence=
 auto|heads|chain|prefix``), on a mesh without a ring: each is priced by
 :func:`autosp.planning.recurrence.choose_recurrence` (``auto``) or forced. ``heads``
 rewrites a Gated DeltaNet op here (all-to-alls to heads around it); ``chain`` and

@@ -188,7 +188,7 @@ def test_recurrent_hybrids_run_chunked_kernels_and_flash(family, method):
 
 
 def test_negative_control_mamba2_state_sent_as_the_kernels_view(monkeypatch):
-    from autosp.hf import recurrences
+    from autosp.runtime import recurrences
     monkeypatch.setattr(recurrences, "_message", lambda state, dtype: state.to(dtype))
     step = cuda_step(_hybrids()["granite"], S, sp_size=4, call="plain", ranks=[0])[0]
     assert any("non-contiguous state" in p for p in step.problems()), step.problems()

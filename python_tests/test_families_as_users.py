@@ -50,7 +50,7 @@ def _errors(compiled, model, reference, ids) -> dict:
 
 def _body(rank, world, queue, seed, control):
     import autosp
-    from autosp.hf import recurrences
+    from autosp.runtime import recurrences
     if control:  # every rank's incoming state zeros: the prefix without its summaries
         recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
     gen = torch.Generator().manual_seed(seed)

@@ -1,6 +1,6 @@
 """Mixture-of-experts models, unmodified, made sequence-parallel (issue 25).
 
-* transformers' experts modules run as ``autosp::token_experts`` (autosp.hf.experts): the
+* transformers' experts modules run as ``autosp::token_experts`` (autosp.runtime.experts): the
   op's stated semantics (row-wise over the tokens) are checked against every experts
   implementation transformers offers, on random inputs; a control that mixes tokens
   fails the same check.
@@ -107,7 +107,7 @@ def test_token_experts_is_row_wise_for_every_experts_implementation():
     property the layout rules rely on), and the emitted call (``TokenExperts``, through
     ``functional_call`` with the weights passed in) equals the module. Control: an
     experts module that mixes tokens (adds their mean) fails the split check."""
-    from autosp.hf.experts import TokenExperts, is_experts_module
+    from autosp.runtime.experts import TokenExperts, is_experts_module
     gen = torch.Generator().manual_seed(0)
     tokens = 23
     for impl in ("grouped_mm", "batched_mm", "eager"):

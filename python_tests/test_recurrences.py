@@ -3,7 +3,7 @@
 transformers' ``torch_chunk_gated_delta_rule`` and ``mamba2_chunk_scan`` are exported as
 ops (``autosp::gated_delta_rule``, ``autosp::mamba2_chunk_scan``), stated to be linear
 recurrences along the sequence: the kernel run on positions a..b from the state positions
-0..a left equals positions a..b of the whole run (:mod:`autosp.hf.recurrences`).
+0..a left equals positions a..b of the whole run (:mod:`autosp.runtime.recurrences`).
 Sharded, each rank runs its part from the previous rank's state and sends its own on;
 backward sends the state's gradient back. A Gated DeltaNet layer whose heads divide over
 the ranks runs Ulysses-style instead (``autosp-partition-attention``): each rank its heads
@@ -135,7 +135,7 @@ def test_prefix_statement_holds_on_the_kernels(_fresh_seed):
     transition and the basis, so that, for a random incoming state S, ``correct`` equals
     the kernel run from S and ``combine`` equals its final state. A wrong basis (dropped)
     must fail."""
-    from autosp.hf import recurrences
+    from autosp.runtime import recurrences
     gen = torch.Generator().manual_seed(_fresh_seed % 10000)
     q, k, v, g, beta = _inputs(37, _fresh_seed % 10000)
     gdn = recurrences._gdn_stated(KERNEL, 64, True, torch.float32)
@@ -164,8 +164,7 @@ def test_prefix_statement_holds_on_the_kernels(_fresh_seed):
 
 
 def _chain_body(rank, world, queue, seed, control, method="chain"):
-    from autosp.hf import recurrences
-    from autosp.runtime import collectives
+    from autosp.runtime import collectives, recurrences
     kernel = f"{__name__}:reference_recurrence"
     original, prefix = recurrences._part, recurrences._prefix
     if control and method == "chain":  # drop the state: every rank starts from zeros

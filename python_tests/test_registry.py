@@ -58,3 +58,41 @@ def test_pass_reference_is_generated_from_the_docstrings():
     from autosp.tools.pass_docs import render
     path = LIT.parent / "docs" / "passes.md"
     assert path.read_text() == render(), "regenerate: python -m autosp.tools.pass_docs > docs/passes.md"
+
+
+def test_design_layout_is_generated_from_the_tree():
+    """docs/DESIGN.md §4's module map is the tree's: every module of autosp/ and passes/
+    with its docstring's first sentence (a module added, moved or left without a docstring
+    fails this until the map is regenerated)."""
+    from autosp.tools import layout_docs
+    assert layout_docs.current() == layout_docs.render().strip("\n"), \
+        "regenerate: python -m autosp.tools.layout_docs --write"
+    assert "(no docstring)" not in layout_docs.render()
+
+
+def _imports(path, top_level_only: bool) -> list[str]:
+    import ast
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def test_only_the_hugging_face_integration_imports_it_or_transformers():
+    """No module outside autosp/hf/ imports autosp.hf (the Trainer/TRL integration, the top
+    floor), and none imports transformers at module level: a core install compiles
+    (test_core_install), and the compiler never runs back up to the integrations."""
+    root = LIT.parent
+    shipped = [p for p in sorted((root / "autosp").rglob("*.py")) + sorted((root / "passes").rglob("*.py"))
+               if "autosp/hf/" not in p.as_posix()]
+    up = {str(p.relative_to(root)): n for p in shipped for n in _imports(p, False)
+          if n == "autosp.hf" or n.startswith("autosp.hf.")}
+    assert not up, f"modules importing autosp.hf: {up}"
+    eager = {str(p.relative_to(root)): n for p in shipped for n in _imports(p, True)
+             if n.split(".")[0] in ("transformers", "trl", "peft")}
+    assert not eager, f"module-level imports of optional packages: {eager}"

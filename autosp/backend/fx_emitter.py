@@ -27,7 +27,6 @@ from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
 from autosp.frontend import checks  # noqa: F401 - registers autosp::check (a rank may only emit)
-from autosp.hf import recurrences
 from autosp.ir import contract
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import (
@@ -42,7 +41,7 @@ from autosp.ir.contract import (
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
-from autosp.runtime import attention, collectives, sequence_ops
+from autosp.runtime import attention, collectives, recurrences, sequence_ops
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
 _INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}

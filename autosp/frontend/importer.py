@@ -36,11 +36,10 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
-from autosp.hf import experts, recurrences
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
-from autosp.runtime import fsdp
+from autosp.runtime import experts, fsdp, recurrences
 
 # Ops kept whole: attention is what autosp partitions, softmax is what it matches in
 # manual attention; activations and layer norm, because their decompositions save more

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    # The Trainer integration imports transformers; the compiler imports this package's
-    # stated ops (experts, recurrences), which must not: a core install has no transformers.
+    # The Trainer integration imports transformers, and only where a user asks for it: a
+    # core install (no transformers) imports ``autosp.hf`` without it.
     if name in __all__:
         from autosp.hf import trainer
         return getattr(trainer, name)

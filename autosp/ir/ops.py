@@ -95,9 +95,9 @@ COUNTING_OPS = ("torch.aten.histc",)
 # Scatter-adds into a target: over a split of (index, src) along the scattered dim, the
 # parts' scatters into zeros add up (the target must be proven zero: it would count P times).
 SCATTER_SUM_OPS = ("torch.aten.scatter_add",)
-# Row-wise over the leading dim of their tensor inputs (autosp.hf.experts: MoE experts).
+# Row-wise over the leading dim of their tensor inputs (autosp.runtime.experts: MoE experts).
 TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
-# Ops with stated semantics that are linear recurrences along dim 1 (autosp.hf.recurrences).
+# Ops with stated semantics that are linear recurrences along dim 1 (autosp.runtime.recurrences).
 GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"
 MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
 RECURRENCE_OPERATORS = (GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN)

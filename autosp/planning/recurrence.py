@@ -1,6 +1,6 @@
 """How a linear recurrence along the sequence runs on P ranks: heads, chain or prefix, priced.
 
-Three exact ways (:mod:`autosp.hf.recurrences`) for a stated recurrence layer (Gated
+Three exact ways (:mod:`autosp.runtime.recurrences`) for a stated recurrence layer (Gated
 DeltaNet, Mamba2):
 
 * **heads** (Gated DeltaNet whose key and value heads divide by P): all-to-alls move the

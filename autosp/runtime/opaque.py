@@ -2,7 +2,7 @@
 
 The conv halo (:func:`autosp.runtime.collectives.halo`), the image-feature merge
 (:func:`~autosp.runtime.collectives.masked_scatter`) and the stated recurrences
-(:mod:`autosp.hf.recurrences`) run Python over ranks and process groups inside autograd
+(:mod:`autosp.runtime.recurrences`) run Python over ranks and process groups inside autograd
 functions (sends in sequence order, all-gathers, per-rank numbering). torch.compile cannot
 trace those, so under tracing each call becomes ``autosp::opaque``: a custom op that runs
 the eager function (forward) and ``autosp::opaque_backward``, which recomputes it with

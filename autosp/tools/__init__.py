@@ -1,0 +1,1 @@
+"""Command-line tools (``autosp-opt``, ``autosp-plan``) and the generators of the reference docs."""
