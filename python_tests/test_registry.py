@@ -96,3 +96,36 @@ def test_only_the_hugging_face_integration_imports_it_or_transformers():
     eager = {str(p.relative_to(root)): n for p in shipped for n in _imports(p, True)
              if n.split(".")[0] in ("transformers", "trl", "peft")}
     assert not eager, f"module-level imports of optional packages: {eager}"
+
+
+def _defines(path, name: str) -> bool:
+    """Does ``path`` define ``name`` (a function, class or assignment at module level; or
+    ``Class.method``; in a .mlir file, ``func.func @name``)?"""
+    import ast
+    if path.suffix == ".mlir":
+        return f"func.func @{name}(" in path.read_text()
+    body = ast.parse(path.read_text()).body
+    for part in name.split("."):
+        found = None
+        for node in body:
+            names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.append(node.target.id)
+            if getattr(node, "name", None) == part or part in names:
+                found = node
+        if found is None:
+            return False
+        body = getattr(found, "body", [])
+    return True
+
+
+def test_adding_a_model_family_walks_the_code():
+    """docs/adding_a_model_family.md names files and what they define (``file::name``):
+    each must exist, so the walkthrough stays true to the code."""
+    import re
+    root = LIT.parent
+    text = (root / "docs" / "adding_a_model_family.md").read_text()
+    refs = re.findall(r"`([\w/.]+\.(?:py|mlir))::([\w.]+)`", text)
+    assert len(refs) >= 25, refs
+    missing = [f"{f}::{n}" for f, n in refs if not (root / f).exists() or not _defines(root / f, n)]
+    assert not missing, f"the walkthrough names what the code no longer has: {missing}"
