@@ -27,7 +27,6 @@ from torch.utils import _pytree as pytree
 
 from autosp.backend.module import CompiledProgram
 from autosp.driver import (
-    CHECKPOINTING,
     emit_program,
     kept_masks,
     module_choice,
@@ -40,6 +39,7 @@ from autosp.frontend.importer import autocast_off, autocast_state, input_paths, 
 from autosp.inputs import check_inputs_agree
 from autosp.ir.diagnostics import AutospError
 from autosp.module_checkpointing import request_key, requested_checkpointing
+from autosp.options import CompileOptions, MeshOptions
 from autosp.pipeline import PipelineError
 from autosp.planning.plan import MemoryPlan
 from autosp.program_key import (
@@ -54,7 +54,6 @@ from autosp.runtime import collectives, fsdp
 from autosp.runtime.context import RuntimeContext
 from autosp.runtime.grad_sync import GradientSync
 from autosp.runtime.outside_grads import OutsideGradients
-from autosp.units import parse_bytes
 
 # The shortest sequence a call may have (torch.export specialises sizes 0 and 1; a causal
 # LM's shifted labels hold S - 1 positions).
@@ -128,54 +127,24 @@ class AutospModule(torch.nn.Module):
 
     _instances = itertools.count()
 
-    def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None, seq_dim: int = 1,
-                 gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
-                 verbose: bool = False, backend: str | None = None, sync_data_parallel: bool = True,
-                 checkpointing: str = "off", grad_bucket_bytes: int = 25 << 20,
-                 memory_plan: MemoryPlan | None = None, memory_budget: int | str | None = None,
-                 drop_logits: bool = False, optimizer: str = "adamw", sp_strategy: str = "auto",
-                 ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None, check_inputs: bool = True, sp_recurrence: str = "auto"):
+    def __init__(self, model: torch.nn.Module, sp_size: int | None = None, group=None,
+                 options: CompileOptions | None = None, **keywords):
         super().__init__()
         self.module = model
-        from autosp.planning.strategy import STRATEGIES
-        if sp_strategy not in STRATEGIES:
-            raise AutospError(f"sp_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {sp_strategy!r}")
-        from autosp.planning.recurrence import METHODS
-        if sp_recurrence not in ("auto",) + METHODS:
-            raise AutospError(f"sp_recurrence must be one of {', '.join(map(repr, ('auto',) + METHODS))}, got "
-                              f"{sp_recurrence!r}")
-        for what, d in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree),
-                        ("ranks_per_node", ranks_per_node)):
-            if d is not None and (not isinstance(d, int) or d < 1):
-                raise AutospError(f"{what} must be a positive int, got {d!r}")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-        self.mesh_request = dict(strategy=sp_strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
-                                 ranks_per_node=ranks_per_node or local or None, recurrence=sp_recurrence)
+        if options is None:  # autosp.compile's keywords, checked once (autosp.options)
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or None
+            options = CompileOptions.from_keywords(**keywords, local_world_size=local)
+        elif keywords:
+            raise TypeError(f"AutospModule: options= and keywords {sorted(keywords)} together; pass one")
+        self.options = options
         self.layout: collectives.SeqLayout | None = None  # the compiled layout (see gather_sequence)
         self._mesh_groups: dict = {}
-        self.memory_plan = memory_plan
-        self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
-        self.drop_logits = drop_logits
-        self.optimizer = optimizer
         _check_launch(sp_size, group)
         self.sp_size = _resolve_sp_size(sp_size, group)
-        self.check_inputs = check_inputs
         config = getattr(model, "config", None)
         self._use_cache_off = bool(getattr(config, "use_cache", False)) and _accepts(model, "use_cache")
         self._said_use_cache = False
         self.group = group
-        self.seq_dim = seq_dim
-        self.gather_outputs = gather_outputs
-        self.pipeline = pipeline
-        self.dump_dir = dump_dir
-        self.verbose = verbose
-        self.backend = backend
-        self.grad_bucket_bytes = grad_bucket_bytes
-        if checkpointing not in CHECKPOINTING:
-            raise AutospError(f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING))}, "
-                              f"got {checkpointing!r}")
-        self.checkpointing = checkpointing
         requested_checkpointing(model)  # checkpointing on the modules autosp cannot honour: an error now
         self._said_checkpointing: set = set()
         self._programs: dict[object, CompiledProgram] = {}
@@ -213,32 +182,32 @@ class AutospModule(torch.nn.Module):
             sp_group, self.mesh = _sequence_parallel_group(self.sp_size, group)
             self.sp_group = sp_group if sp_group is not None else dist.group.WORLD
             self.runtime.bind(self.sp_group)
-            if self.mesh is None or not sync_data_parallel:
+            if self.mesh is None or not self.options.sync_data_parallel:
                 # Sum over the sequence-parallel ranks only (data parallelism, if any, is
                 # the caller's: e.g. DDP over self.mesh["dp"]).
-                self.grad_sync = GradientSync(dense, self.sp_group, bucket_bytes=grad_bucket_bytes)
+                self.grad_sync = GradientSync(dense, self.sp_group, bucket_bytes=self.options.grad_bucket_bytes)
             else:
                 # DP x SP: sum over the sequence-parallel ranks, average over the replicas,
                 # in one all-reduce over the whole mesh.
                 dp = self.mesh["dp"].size()
-                self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
+                self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=self.options.grad_bucket_bytes,
                                               scale=1.0 / dp)
             # Gradients the user's loss gives the parameters outside the call, on sharded outputs.
             self.grad_sync.outside = OutsideGradients(
                 [(n, p) for n, p in model.named_parameters() if not fsdp.is_sharded(p)],
                 self.grad_sync.group, self.grad_sync.scale, model)
-        elif group is None and sync_data_parallel and dist.is_available() and dist.is_initialized() and \
+        elif group is None and self.options.sync_data_parallel and dist.is_available() and dist.is_initialized() and \
                 dist.get_world_size() > 1:
             # sp_size=1 in a larger world: every rank is a data-parallel replica of its own,
             # and sync_data_parallel's contract (average over the replicas) still holds.
-            self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=grad_bucket_bytes,
+            self.grad_sync = GradientSync(dense, dist.group.WORLD, bucket_bytes=self.options.grad_bucket_bytes,
                                           scale=1.0 / dist.get_world_size())
 
     # ------------------------------------------------------------------ compilation
     def _signature(self, leaves, spec):
         parts: list[tuple] = []
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        dims = iter(input_sequence_dims(tensors, self.seq_dim)[0])  # (S is not part of the signature)
+        dims = iter(input_sequence_dims(tensors, self.options.seq_dim)[0])  # (S is not part of the signature)
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 seq = next(dims)
@@ -288,7 +257,7 @@ class AutospModule(torch.nn.Module):
                 raise AutospError(f"{e}. {self._module_state_differences(number)}") from None
         self._check_call(leaves)  # after the ranks agree: every rank raises it, or none
         if program is None:
-            if last is not None and last[1] != number and self.verbose and (
+            if last is not None and last[1] != number and self.options.verbose and (
                     not dist.is_initialized() or dist.get_rank() == 0):
                 print("[autosp] compiling again: the model's state changed since the last call: " +
                       "; ".join(describe_changes(self.module, last[0], current)), file=sys.stderr, flush=True)
@@ -349,7 +318,7 @@ class AutospModule(torch.nn.Module):
                                   "key/value cache; call the model with use_cache=False (generation with a cache "
                                   "is not sequence-parallel)")
             return kwargs
-        if not self._said_use_cache and self.verbose:
+        if not self._said_use_cache and self.options.verbose:
             print("[autosp] calling the model with use_cache=False (config.use_cache is True; a key/value "
                   "cache is for generation)", file=sys.stderr)
         self._said_use_cache = True
@@ -358,10 +327,10 @@ class AutospModule(torch.nn.Module):
     def _check_call(self, leaves) -> None:
         """Checks of one call on this rank alone: the sequence is long enough."""
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.dim() > self.seq_dim:
-                if leaf.shape[self.seq_dim] < MIN_SEQ_LEN:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > self.options.seq_dim:
+                if leaf.shape[self.options.seq_dim] < MIN_SEQ_LEN:
                     raise AutospError(
-                        f"the sequence (dim {self.seq_dim}) has {leaf.shape[self.seq_dim]} position(s); autosp "
+                        f"the sequence (dim {self.options.seq_dim}) has {leaf.shape[self.options.seq_dim]} position(s); autosp "
                         f"needs at least {MIN_SEQ_LEN}: torch.export specialises sizes 0 and 1, and a causal LM's "
                         "shifted labels (S - 1 positions) must not be one either")
                 return
@@ -374,7 +343,7 @@ class AutospModule(torch.nn.Module):
         if self.sp_group is None or collectives.simulating() or not dist.is_initialized():
             return
         check_inputs_agree(leaves, spec, input_paths(spec, leaves), self.sp_group, modes=modes,
-                           seq_dim=self.seq_dim, state=state)
+                           seq_dim=self.options.seq_dim, state=state)
 
     def _compile(self, args, kwargs) -> CompiledProgram:
         """Transform on the group's first rank and send the program to the others (it is
@@ -385,8 +354,8 @@ class AutospModule(torch.nn.Module):
             # On the group's first rank only: every rank runs the program (and plan) it sends.
             plan = self._plan(args, kwargs, checkpointing, module_plan)
             try:
-                return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.seq_dim,
-                                 gather_outputs=self.gather_outputs, pipeline=self.pipeline, dump_dir=self.dump_dir,
+                return transform(self.module, args, kwargs, sp_size=self.sp_size, seq_dim=self.options.seq_dim,
+                                 gather_outputs=self.options.gather_outputs, pipeline=self.options.pipeline, dump_dir=self.options.dump_dir,
                                  checkpointing=checkpointing, group_name=self.group_name, plan=plan,
                                  mesh=self._mesh())
             except PipelineError as e:
@@ -409,9 +378,9 @@ class AutospModule(torch.nn.Module):
         else:
             transformed = transform_once_per_group(run, group)
         self._bind_layout(transformed.module)
-        program = emit_program(self.module, transformed, verbose=self.verbose, backend=self.backend,
-                               checkpointing=checkpointing, grad_bucket_bytes=self.grad_bucket_bytes)
-        seq = seq_len_of(args, kwargs, self.seq_dim)
+        program = emit_program(self.module, transformed, verbose=self.options.verbose, backend=self.options.backend,
+                               checkpointing=checkpointing, grad_bucket_bytes=self.options.grad_bucket_bytes)
+        seq = seq_len_of(args, kwargs, self.options.seq_dim)
         if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             for line in kept_masks(transformed.module, seq):
                 warnings.warn(line, stacklevel=4)
@@ -429,13 +398,13 @@ class AutospModule(torch.nn.Module):
         :mod:`autosp.module_checkpointing`) as autosp's. Explicit options win (said once)."""
         request = requested_checkpointing(self.module)
         if request is None:
-            return self.checkpointing, None
-        own = ("checkpointing=" + repr(self.checkpointing) if self.checkpointing != "off" else
-               "memory_plan" if self.memory_plan is not None else
-               "memory_budget" if self.memory_budget is not None else None)
+            return self.options.checkpointing, None
+        own = ("checkpointing=" + repr(self.options.checkpointing) if self.options.checkpointing != "off" else
+               "memory_plan" if self.options.memory_plan is not None else
+               "memory_budget" if self.options.memory_budget is not None else None)
         if own is not None:
             self._say(f"the model's {request.describe()} is replaced by autosp's {own}")
-            return self.checkpointing, None
+            return self.options.checkpointing, None
         self._say(f"honouring the model's {request.describe()} as autosp's checkpointing")
         if request.uniform and not request.offload:
             return "full", None
@@ -443,7 +412,7 @@ class AutospModule(torch.nn.Module):
             raise AutospError(f"{request.describe()}: a stack-level checkpointing flag with offload has no per-layer "
                               "choices autosp can read; pass autosp.compile(..., memory_plan=MemoryPlan(layers=("
                               "'full+offload', ...))) instead")
-        return self.checkpointing, MemoryPlan(layers=request.region_choices(), tile_loss=False)
+        return self.options.checkpointing, MemoryPlan(layers=request.region_choices(), tile_loss=False)
 
     def _say(self, line: str) -> None:
         """One line on stderr from the first rank, once per text (verbose or not: it changes memory)."""
@@ -453,15 +422,14 @@ class AutospModule(torch.nn.Module):
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"[autosp] {line}", file=sys.stderr, flush=True)
 
-    def _mesh(self) -> dict:
+    def _mesh(self) -> MeshOptions:
         """The mesh request of a compilation: the user's, until a first compilation chose a
         layout; then that mesh (priced once, at the first call's length), so a later call
         (another batch size) runs on the same sub-groups and layout."""
-        if self.layout is None or self.layout.ring == 1 and self.mesh_request["strategy"] == "ulysses":
-            return self.mesh_request
-        lay = self.layout
-        strategy = "ulysses" if lay.ring == 1 else "ring" if lay.ulysses == 1 else "hybrid"
-        return dict(self.mesh_request, strategy=strategy, ulysses_degree=lay.ulysses, ring_degree=lay.ring)
+        mesh = self.options.mesh
+        if self.layout is None or self.layout.ring == 1 and mesh.strategy == "ulysses":
+            return mesh
+        return mesh.fixed_to(self.layout.ulysses, self.layout.ring)
 
     def _bind_layout(self, module) -> None:
         """Register the sequence layout the compiler chose, and for a Ulysses x ring mesh
@@ -470,7 +438,7 @@ class AutospModule(torch.nn.Module):
         lay = module_layout(module)
         if lay is None or self.sp_size == 1:
             return
-        if self.verbose and (not dist.is_initialized() or dist.get_rank() == 0):
+        if self.options.verbose and (not dist.is_initialized() or dist.get_rank() == 0):
             print(f"[autosp] sequence parallelism: {lay.describe()} ({module_choice(module)})", flush=True)
         if self.layout is not None and lay != self.layout:
             raise AutospError(f"this call's sequence layout ({lay.describe()}) differs from an earlier call's "
@@ -495,7 +463,7 @@ class AutospModule(torch.nn.Module):
         holds the rank's pieces of the layout in order (zigzag: chunks i and 2R-1-i of
         2R, see :class:`autosp.runtime.collectives.SeqLayout`), not one contiguous run;
         this undoes that. Differentiable (the backward is the rank's slice)."""
-        dim = self.seq_dim if dim is None else dim
+        dim = self.options.seq_dim if dim is None else dim
         if self.grad_sync is not None and self.grad_sync.outside is not None:
             self.grad_sync.outside.gathered(x)  # a whole loss follows: nothing outside is a share
         return collectives.restore_sequence_order(x, dim, self.group_name)
@@ -512,7 +480,7 @@ class AutospModule(torch.nn.Module):
             logits = sp(ids).logits                        # this rank's positions
             local_labels = sp.shard_sequence(labels)       # the same positions of labels
         """
-        dim = self.seq_dim if dim is None else dim
+        dim = self.options.seq_dim if dim is None else dim
         if self.sp_size == 1:
             return x
         if not self._programs:
@@ -527,15 +495,15 @@ class AutospModule(torch.nn.Module):
         ``memory_budget`` at this call's sequence length (the same on every rank: the
         planner is deterministic and every rank passes the same inputs), or the modules'
         per-layer checkpointing (``module_plan``), with ``drop_logits``."""
-        if self.memory_plan is not None:
-            plan = self.memory_plan
-        elif self.memory_budget is not None:
+        if self.options.memory_plan is not None:
+            plan = self.options.memory_plan
+        elif self.options.memory_budget is not None:
             from autosp.planning.planner import plan_memory
-            plan = plan_memory(self.module, args, kwargs, self.memory_budget, sp_size=self.sp_size,
-                               seq_dim=self.seq_dim, drop_logits=self.drop_logits, verbose=self.verbose,
-                               optimizer=self.optimizer, mesh=self.mesh_request,
+            plan = plan_memory(self.module, args, kwargs, self.options.memory_budget, sp_size=self.sp_size,
+                               seq_dim=self.options.seq_dim, drop_logits=self.options.drop_logits, verbose=self.options.verbose,
+                               optimizer=self.options.optimizer, mesh=self.options.mesh,
                                fsdp=dist.get_world_size() if self.sharded_names and dist.is_initialized() else 1)
-        elif self.drop_logits:
+        elif self.options.drop_logits:
             plan = MemoryPlan(mode=checkpointing, drop_logits=True,
                               layers=module_plan.layers if module_plan is not None else ())
         else:
@@ -549,7 +517,7 @@ class AutospModule(torch.nn.Module):
             self._fsdp_root_ready = True
         kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        program = self._program_for(args, kwargs, leaves, spec, check=self.check_inputs)
+        program = self._program_for(args, kwargs, leaves, spec, check=self.options.check_inputs)
         if self._fsdp_outside is not None:
             self._fsdp_outside.compiled()
         with autocast_off():  # the program's casts are its own ops (autocast_state)

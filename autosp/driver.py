@@ -29,6 +29,7 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -55,15 +56,12 @@ from autosp.ir.contract import (
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.ir.ops import is_sdpa
-from autosp.passes.checkpoint import MODES as CHECKPOINT_MODES
+from autosp.options import CHECKPOINTING, MeshOptions, sp_pipeline  # noqa: F401  (CHECKPOINTING: re-exported)
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, experts, fsdp
 from autosp.runtime.grad_sync import insert_sync_points, plan_buckets
 from autosp.units import human_bytes
-
-# "off" plus the modes of the autosp-checkpoint pass, which defines them.
-CHECKPOINTING = ("off", *CHECKPOINT_MODES)
 
 
 @dataclass
@@ -94,14 +92,6 @@ class Transformed:
         return Transformed(module, args, out_spec, tensor_leaves, mlir, timings)
 
 
-def mesh_options(strategy: str = "ulysses", ulysses_degree: int | None = None, ring_degree: int | None = None,
-                 ranks_per_node: int | None = None, seq_len: int | None = None, recurrence: str = "auto") -> str:
-    """The ``autosp-sp-pipeline`` options that choose the Ulysses x ring mesh (and how
-    linear recurrences run on it: ``recurrence``)."""
-    return (f"strategy={strategy} ulysses-degree={ulysses_degree or 0} ring-degree={ring_degree or 0} "
-            f"ranks-per-node={ranks_per_node or 0} seq-len={seq_len or 0} recurrence={recurrence}")
-
-
 def seq_len_of(args, kwargs, seq_dim: int) -> int | None:
     """The example call's sequence length: the first tensor input's size at ``seq_dim``."""
     return next((x.shape[seq_dim] for x in pytree.tree_leaves((args, kwargs))
@@ -111,19 +101,18 @@ def seq_len_of(args, kwargs, seq_dim: int) -> int | None:
 def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: int = 1,
               gather_outputs: bool = False, pipeline: str | None = None, dump_dir: str | None = None,
               checkpointing: str = "off", group_name: str = "sp", plan: MemoryPlan | None = None,
-              mesh: dict | None = None) -> Transformed:
+              mesh: MeshOptions | Mapping | None = None) -> Transformed:
     """Export ``model`` on these example inputs and run the pass pipeline for ``sp_size``
     ranks, then the memory passes: ``plan``'s (:meth:`MemoryPlan.pipeline`), or
     ``autosp-checkpoint`` unless ``checkpointing="off"``. The result is the same on every
     rank: collectives name their group ``group_name`` and find their rank at run time.
-    ``mesh``: :func:`mesh_options`' arguments (default: Ulysses)."""
+    ``mesh``: the Ulysses x ring request (:class:`~autosp.options.MeshOptions`, or a dict of
+    its fields; default: Ulysses). The pipeline text: :func:`autosp.options.sp_pipeline`."""
     start = time.perf_counter()
     imported = import_model(model, *args, seq_dim=seq_dim, **kwargs)
     mlir = {"imported": str(imported.module)}
     t0 = time.perf_counter()
-    options = mesh_options(**{"seq_len": seq_len_of(args, kwargs, seq_dim), **(mesh or {})})
-    pipeline = pipeline or (f"builtin.module(autosp-sp-pipeline{{sp-size={sp_size} group={group_name} "
-                            f"gather-outputs={str(gather_outputs).lower()} {options}}})")  # (sp-size=1: fuse-gqa, dce)
+    pipeline = pipeline or sp_pipeline(sp_size, group_name, gather_outputs, mesh, seq_len_of(args, kwargs, seq_dim))
     run_pipeline(imported.module, pipeline, PipelineOptions(dump_dir=dump_dir))
     memory = plan.pipeline() if plan is not None else (
         f"builtin.module(autosp-checkpoint{{mode={checkpointing}}})" if checkpointing != "off" else None)

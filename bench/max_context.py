@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results import append_section  # noqa: E402
 
-from autosp.driver import CHECKPOINTING  # noqa: E402
+from autosp.options import CHECKPOINTING  # noqa: E402
 from autosp.planning.estimate import GiB, MemoryModel, longest_fit, max_context  # noqa: E402
 
 MECHANISMS = ("full recompute, 64 tiles, tiled loss", "+ offload of every layer's input")

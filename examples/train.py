@@ -43,7 +43,7 @@ from train_launch import Hooks, Ranks, UsageError, launch  # noqa: E402
 
 import autosp  # noqa: E402
 from autosp import AutospError  # noqa: E402
-from autosp.driver import CHECKPOINTING  # noqa: E402
+from autosp.options import CHECKPOINTING  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

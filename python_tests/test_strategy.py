@@ -81,12 +81,12 @@ def test_a_later_compilation_keeps_the_first_mesh():
     batch size) requests that mesh, so it runs on the same sub-groups and layout."""
     import autosp
     module = autosp.compile(torch.nn.Linear(2, 2))
-    assert module._mesh()["strategy"] == "auto"
+    assert module._mesh().strategy == "auto"
     for layout, strategy in ((SeqLayout(2, 2, True), "hybrid"), (SeqLayout(1, 4, True), "ring"), (SeqLayout(4), "ulysses")):
         module.layout = layout
         mesh = module._mesh()
-        assert (mesh["strategy"], mesh["ulysses_degree"], mesh["ring_degree"]) == (strategy, layout.ulysses, layout.ring)
-        chosen = choose(8, 4, 4, strategy=mesh["strategy"], ulysses=mesh["ulysses_degree"], ring=mesh["ring_degree"])
+        assert (mesh.strategy, mesh.ulysses_degree, mesh.ring_degree) == (strategy, layout.ulysses, layout.ring)
+        chosen = choose(8, 4, 4, strategy=mesh.strategy, ulysses=mesh.ulysses_degree, ring=mesh.ring_degree)
         assert (chosen.ulysses, chosen.ring) == (layout.ulysses, layout.ring)
 
 

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from autosp.driver import CHECKPOINTING, emit_program, module_layout, transform
+from autosp.driver import emit_program, module_layout, transform
 from autosp.frontend.importer import autocast_off
+from autosp.options import CHECKPOINTING, MeshOptions
 from autosp.planning.memory import MiB, PeakTracker, SavedTensors
 from autosp.runtime import collectives, kernels
 
@@ -157,7 +159,7 @@ class MemoryModel:
 
     def __init__(self, model_or_config, sp_size: int = 1, dtype: torch.dtype | None = torch.bfloat16,
                  checkpointing: str = "off", batch: int = 1, rank: int | None = None, optimizer: str = "adamw",
-                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: dict | None = None,
+                 fsdp: int = 1, inputs=None, plan=None, call=None, transformed=None, mesh: MeshOptions | Mapping | None = None,
                  device: str = "cpu"):
         if checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
@@ -279,7 +281,7 @@ def estimate_memory(model_or_config, seq_len: int, sp_size: int = 1, dtype: torc
 def max_context(budget_bytes: int, model_or_config, sp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                 checkpointing: str = "off", zero_stage: int = 3, state_shards: int | None = None,
                 granularity: int = 1024, limit: int = 1 << 24, verbose: bool = False, fsdp: int = 1,
-                device: str = "cpu", mesh: dict | None = None, inputs=None) -> int:
+                device: str = "cpu", mesh: MeshOptions | Mapping | None = None, inputs=None) -> int:
     """The longest sequence (a multiple of ``granularity``) whose step fits in
     ``budget_bytes`` per rank: model state plus the activation peak. With ``fsdp`` > 1
     the step is the one the runtime executes with FSDP2 over ``fsdp`` ranks (see

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autosp.options import MeshOptions
 from autosp.runtime import collectives
 
 if TYPE_CHECKING:
@@ -262,7 +264,7 @@ def clear_length(seq_len: int, sp_size: int, dims: set[int]) -> int:
 
 def cuda_step(model_or_config, seq_len: int, *, sp_size: int = 1, call="position_ids", batch: int = 1,
               checkpointing: str = "off", dtype: torch.dtype = torch.bfloat16, ranks=None, fsdp: int = 1,
-              mesh: dict | None = None, plan=None, keep_ops: bool = False, model=None) -> list[CudaStep]:
+              mesh: MeshOptions | Mapping | None = None, plan=None, keep_ops: bool = False, model=None) -> list[CudaStep]:
     """One training step of ``model_or_config`` (as :func:`autosp.planning.estimate.estimate_memory`
     takes it) at ``seq_len`` over ``sp_size`` ranks on CUDA's kernels, per simulated rank
     in ``ranks`` (default: the first and the last). ``call``: a :data:`CALLS` name or a

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,6 +43,7 @@ from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import VOCAB_LOGPROB
 from autosp.ir.core import body_ops, main_func, op_name
 from autosp.ir.diagnostics import AutospError
+from autosp.options import MeshOptions
 from autosp.passes.checkpoint import plan_checkpoints
 from autosp.passes.tile_loss import tile_loss
 from autosp.pipeline import run_pipeline
@@ -74,7 +76,7 @@ class Planner:
 
     def __init__(self, model, args, kwargs, *, sp_size: int, seq_dim: int = 1, fsdp: int = 1,
                  optimizer: str = "adamw", offload: bool | None = None, drop_logits: bool = False,
-                 verbose: bool = False, mesh: dict | None = None, device: str | None = None,
+                 verbose: bool = False, mesh: MeshOptions | Mapping | None = None, device: str | None = None,
                  whole: bool = False, drop_logits_hint: str = "drop_logits=True"):
         self.sp_size, self.fsdp, self.optimizer, self.verbose = sp_size, fsdp, optimizer, verbose
         self.drop_logits_hint = drop_logits_hint  # how the caller says drop_logits (the CLI: --drop-logits)
@@ -249,10 +251,10 @@ class Planner:
 
 def plan_memory(model, args, kwargs, budget: int, *, sp_size: int, seq_dim: int = 1, drop_logits: bool = False,
                 verbose: bool = False, fsdp: int = 1, optimizer: str = "adamw",
-                offload: bool | None = None, mesh: dict | None = None, device: str | None = None,
+                offload: bool | None = None, mesh: MeshOptions | Mapping | None = None, device: str | None = None,
                 drop_logits_hint: str = "drop_logits=True") -> MemoryPlan:
     """The plan :func:`autosp.compile` uses for ``memory_budget`` (see the module docstring);
-    ``mesh``: the Ulysses x ring request (:func:`autosp.driver.mesh_options`' arguments);
+    ``mesh``: the Ulysses x ring request (:class:`autosp.options.MeshOptions` or a dict of its fields);
     ``device``: whose kernels the candidates are costed on (``"cpu"`` or ``"cuda"``;
     default: the inputs' device, so a CUDA job is planned on CUDA's kernels);
     ``drop_logits_hint``: how the caller's user asks for ``drop_logits`` (named in the error

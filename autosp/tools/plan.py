@@ -403,7 +403,7 @@ def render(r: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autosp.driver import CHECKPOINTING
+    from autosp.options import CHECKPOINTING
     from autosp.planning.estimate import OPTIMIZERS
     from autosp.planning.strategy import STRATEGIES
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
