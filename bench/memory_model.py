@@ -6,7 +6,7 @@ Model: PEERS.md's Llama-like (hidden 256, 4 layers, 8 heads, SwiGLU 768, vocab 1
 fp32, P=2. Measured: saved and allocator-peak bytes of one step on each rank
 (:func:`autosp.planning.memory.measure_step`, the largest rank). Estimated: the same program on
 meta tensors as a simulated rank (:func:`autosp.estimate_memory`). Prints a table and
-appends it to bench/RESULTS.md. (python_tests/test_memory.py checks the 10% bound.)
+appends it to bench/RESULTS.md. (python_tests/e2e/test_memory.py checks the 10% bound.)
 """
 from __future__ import annotations
 

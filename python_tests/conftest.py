@@ -7,7 +7,11 @@ import warnings
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+# The tests import each other and their helpers by module name (unit/, e2e/, and the helpers
+# here: battery.py, train_verify.py); spawned ranks inherit the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _folder in (_HERE, os.path.join(_HERE, "e2e"), os.path.join(_HERE, "unit")):
+    sys.path.insert(0, _folder)
 warnings.filterwarnings("ignore", category=FutureWarning)
 torch.set_num_threads(1)
 # run_ranks keeps its rank processes between tests (AUTOSP_RANK_POOL=0 spawns per call).

@@ -214,7 +214,7 @@ class Verify(Hooks):
 
 def _wrong_shard(x, seq_len, dim, lo, trim, group):
     """``autosp.shard`` gone wrong: every rank takes the next rank's part of a replicated
-    value (as python_tests/test_hf_neox.py's control does)."""
+    value (as python_tests/e2e/test_hf_neox.py's control does)."""
     from autosp.runtime import collectives
     p, r = collectives.group_size(group), collectives.group_rank(group)
     a, b = collectives.span(seq_len, lo, trim, p, (r + 1) % p)

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Run every test: static checks (ruff, mypy), the lit compiler tests, then pytest. Fails if any test fails or none ran.
+#   scripts/test.sh [pytest args]   everything: python_tests/unit (in-process, seconds) and python_tests/e2e
+#                                   (whole models compiled, gloo ranks spawned)
+#   scripts/test.sh --quick         static checks and python_tests/unit only (about half a minute)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
 export PATH="$PWD/.venv/bin:$PATH"
 # Cache bytecode as modules are first imported (setup installs without compiling everything).
 export PYTHONDONTWRITEBYTECODE=
@@ -11,6 +16,14 @@ echo "== static checks (ruff, mypy)"
 static_rc=0
 ruff check . || static_rc=1
 mypy autosp passes || static_rc=1
+
+if [ $QUICK -eq 1 ]; then
+  echo "== pytest (unit)"
+  python -m pytest -q -n "${AUTOSP_TEST_WORKERS:-2}" python_tests/unit "$@"; py_rc=$?
+  echo "== quick suite time: $(( $(date +%s) - start ))s (static rc=$static_rc, pytest rc=$py_rc)"
+  [ $static_rc -eq 0 ] && [ $py_rc -eq 0 ]
+  exit
+fi
 
 echo "== lit (compiler tests)"
 lit_start=$(date +%s)

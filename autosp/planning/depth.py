@@ -20,7 +20,7 @@ model.
 :func:`repeated_layers` finds the repeated layers (or says why a model has none: then the
 planner estimates the whole model), :func:`with_depth` makes the shallow copy (on meta:
 no data), :func:`compose` puts a plan together (:func:`compose_counts`: every additive
-figure of a step at once, as ``autosp-plan``'s report does). ``python_tests/test_memory_budget.py``
+figure of a step at once, as ``autosp-plan``'s report does). ``python_tests/e2e/test_memory_budget.py``
 holds the composed estimate within 2% of the whole model's.
 
 Example::

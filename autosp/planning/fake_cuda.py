@@ -31,7 +31,7 @@ soon as a fake CUDA tensor that requires grad enters the graph (the autograd eng
 the CUDA device guard for a stream). So the step runs on meta tensors that stand for CUDA
 ones; the CUDA kernels' meta implementations are the ones ``FakeTensorMode`` would run.
 What the kernels *compute* is checked separately, on CPU against eager attention with the
-kernels emulated to their contracts (python_tests/test_cuda_kernels.py).
+kernels emulated to their contracts (python_tests/unit/test_cuda_kernels.py).
 
 Example::
 

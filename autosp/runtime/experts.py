@@ -16,7 +16,7 @@ like any token-wise op (no dim argument, the length kept), so each rank runs the
 on its own tokens. In the emitted program the op calls the module's own implementation
 again (:func:`bind_token_ops`), through ``functional_call`` with the program's parameter
 values, so autograd and the gradient synchronisation see the weights as every other
-parameter. ``python_tests/test_moe.py`` checks the stated semantics against every
+parameter. ``python_tests/e2e/test_moe.py`` checks the stated semantics against every
 implementation on random inputs (rows computed in any split equal the rows computed
 whole).
 

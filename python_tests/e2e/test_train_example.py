@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # examples/train.py and its helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # examples/train.py and its helpers
 import train  # noqa: E402
 import train_data  # noqa: E402
 import train_plan  # noqa: E402
@@ -20,7 +20,7 @@ import train_state  # noqa: E402
 import train_verify  # noqa: E402  python_tests/train_verify.py
 from train_launch import UsageError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 VERIFY = ROOT / "python_tests" / "train_verify.py"  # TRAIN with the negative controls' options
 

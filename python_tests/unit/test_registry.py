@@ -6,7 +6,7 @@ from autosp.passes import PASSES, lit_file_name
 
 from autosp.ir.pass_base import ModulePass
 
-LIT = Path(__file__).resolve().parents[1] / "lit_tests"
+LIT = Path(__file__).resolve().parents[2] / "lit_tests"
 
 
 @pytest.mark.parametrize("key", sorted(PASSES))

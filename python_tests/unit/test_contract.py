@@ -6,7 +6,7 @@ from pathlib import Path
 from autosp.dialect import IRDL_FILE
 from autosp.ir import contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _code_strings(path: Path):

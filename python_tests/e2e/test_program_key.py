@@ -160,7 +160,7 @@ def test_fingerprint_is_the_same_in_every_process():
     """The ranks compare the key's checksum: a set of strings (whose order follows the
     process's string hashes) and fully_shard's state attribute (named by a uuid) must not
     make two processes differ."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     prints = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
