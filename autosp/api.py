@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autosp.backend.module import CompiledProgram
+from autosp.cost.plan import MemoryPlan
 from autosp.driver import (
     emit_program,
     kept_masks,
@@ -41,7 +42,6 @@ from autosp.ir.diagnostics import AutospError
 from autosp.module_checkpointing import request_key, requested_checkpointing
 from autosp.options import CompileOptions, MeshOptions
 from autosp.pipeline import PipelineError
-from autosp.planning.plan import MemoryPlan
 from autosp.program_key import (
     describe_changes,
     describe_rank_differences,
@@ -378,18 +378,17 @@ class AutospModule(torch.nn.Module):
         else:
             transformed = transform_once_per_group(run, group)
         self._bind_layout(transformed.module)
+        tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        dims = [a.seq_dim for a in transformed.args if a.kind == "input"]
         program = emit_program(self.module, transformed, verbose=self.options.verbose, backend=self.options.backend,
-                               checkpointing=checkpointing, grad_bucket_bytes=self.options.grad_bucket_bytes)
+                               checkpointing=checkpointing, grad_bucket_bytes=self.options.grad_bucket_bytes,
+                               shard_scale=self.shard_scale, sharded_names=self.sharded_names,
+                               input_shapes=[tuple(None if d == seq else n for d, n in enumerate(x.shape))
+                                             for x, seq in zip(tensors, dims)])
         seq = seq_len_of(args, kwargs, self.options.seq_dim)
         if seq is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             for line in kept_masks(transformed.module, seq):
                 warnings.warn(line, stacklevel=4)
-        program.shard_scale = self.shard_scale
-        program.sharded_names = self.sharded_names
-        tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        dims = [a.seq_dim for a in transformed.args if a.kind == "input"]
-        program.input_shapes = [tuple(None if d == seq else n for d, n in enumerate(x.shape))
-                                for x, seq in zip(tensors, dims)]
         return program
 
     def _module_checkpointing(self) -> tuple[str, MemoryPlan | None]:

@@ -40,7 +40,8 @@ from torch_mlir import ir
 
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
-from autosp.backend.module import CompiledProgram
+from autosp.backend.module import CompiledProgram, state_tensors
+from autosp.cost.plan import MemoryPlan
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import (
@@ -58,7 +59,6 @@ from autosp.ir.diagnostics import AutospError
 from autosp.ir.ops import is_sdpa
 from autosp.options import CHECKPOINTING, MeshOptions, sp_pipeline  # noqa: F401  (CHECKPOINTING: re-exported)
 from autosp.pipeline import PipelineOptions, run_pipeline
-from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives, experts, fsdp
 from autosp.runtime.grad_sync import insert_sync_points, plan_buckets
 from autosp.units import human_bytes
@@ -158,7 +158,8 @@ def module_choice(module) -> str | None:
 
 def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: bool = False,
                  backend: str | None = None, checkpointing: str = "off",
-                 grad_bucket_bytes: int = 25 << 20, simulated_fsdp: int = 1) -> CompiledProgram:
+                 grad_bucket_bytes: int = 25 << 20, simulated_fsdp: int = 1, shard_scale: float = 1.0,
+                 sharded_names: frozenset = frozenset(), input_shapes: list | None = None) -> CompiledProgram:
     """Emit a transformed program as a GraphModule this rank calls. The parameters are
     bucketed for gradient synchronisation (``grad_bucket_bytes``, in reverse order of first
     use) and a sync point is put before each bucket's first use; FSDP2 parameters get an
@@ -168,7 +169,11 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
     that many ranks in its recipe (``fully_shard`` on each layer, then the root), gathered
     and reduce-scattered by a :class:`~autosp.runtime.fsdp.SimulatedUnsharder` that
     allocates what the real one would; no gradient buckets. The local shards, whose
-    gradients the step leaves, are ``program.simulated_shards``."""
+    gradients the step leaves, are ``program.simulated_shards``.
+
+    ``shard_scale``, ``sharded_names``, ``input_shapes``: the compiled module's, stored on
+    the program (:class:`~autosp.backend.module.CompiledProgram`), which is built here once,
+    complete."""
     simulated = simulated_fsdp > 1
     t0 = time.perf_counter()
     gm = emit_graph_module(transformed.module)
@@ -202,37 +207,43 @@ def emit_program(model: torch.nn.Module, transformed: Transformed, *, verbose: b
         index = {a.name: i for i, a in enumerate(transformed.args) if a.kind == "parameter"}
         groups = [[index[n] for n in group if n in index] for group in names]
         unshard_groups = fsdp.insert_unshard_points(gm, [g for g in groups if g])
-    program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
-                              transformed.mlir, timings, checkpointing=checkpointing, grad_buckets=buckets,
-                              sync_points_in_graph=in_graph, unshard_groups=unshard_groups,
-                              dropped_outputs=dropped_results(transformed.module),
-                              sharded_outputs=sharded_results(transformed.module),
-                              buffer_writes=[transformed.args[i].name for i in buffer_writes(transformed.module)])
+    precisions: dict = {}
     if not simulated and any(fsdp.is_sharded(p) for p in params.values()):
         # FSDP2's mixed precision: each group gathered in param_dtype, reduced in reduce_dtype
         # (the simulated FSDP2 of the memory model sees no policy: it gathers in the parameters' dtype).
         table = fsdp.precisions(model)
-        program.precisions = {i: table[a.name] for i, a in enumerate(transformed.args)
-                              if a.kind == "parameter" and a.name in table}
+        precisions = {i: table[a.name] for i, a in enumerate(transformed.args)
+                      if a.kind == "parameter" and a.name in table}
+    simulated_shards: list = []
+    unsharder_factory = None
     if simulated:
-        state = program.state_tensors(model)
+        state = state_tensors(model, transformed.args)
         shards = fsdp.SimulatedUnsharder.local_shards([[state[i] for i in g] for g in unshard_groups],
                                                       simulated_fsdp)
-        program.simulated_shards = [t for g in shards for t in g]
-        program.unsharder_factory = (
+        simulated_shards = [t for g in shards for t in g]
+        unsharder_factory = (
             lambda groups, order: fsdp.SimulatedUnsharder(groups, simulated_fsdp, shards, order=order))
     compile_ = None
     if backend is not None:
         # torch.compile the emitted module (e.g. Inductor); sizes stay symbolic.
         def compile_(g):
             return torch.compile(g, backend=backend, dynamic=True, fullgraph=True)
+    runner = None
     if planned:
         # Checkpointed: segments recomputed in backward (compiled one by one with a backend).
-        program.runner = checkpointed_module(gm, compile_segment=compile_)
+        runner = checkpointed_module(gm, compile_segment=compile_)
     elif compile_ is not None:
-        program.runner = compile_(gm)
-    if unshard_groups:
-        program.unshard_order = fsdp.call_order(program.runner if program.runner is not None else gm)
+        runner = compile_(gm)
+    unshard_order = fsdp.call_order(runner if runner is not None else gm) if unshard_groups else []
+    program = CompiledProgram(gm, transformed.args, transformed.out_spec, transformed.tensor_leaves,
+                              transformed.mlir, timings, runner=runner, checkpointing=checkpointing,
+                              grad_buckets=buckets, sync_points_in_graph=in_graph, shard_scale=shard_scale,
+                              precisions=precisions, sharded_names=sharded_names, input_shapes=input_shapes,
+                              unshard_groups=unshard_groups, unshard_order=unshard_order,
+                              unsharder_factory=unsharder_factory, simulated_shards=simulated_shards,
+                              dropped_outputs=dropped_results(transformed.module),
+                              sharded_outputs=sharded_results(transformed.module),
+                              buffer_writes=[transformed.args[i].name for i in buffer_writes(transformed.module)])
     return program
 
 

@@ -11,7 +11,7 @@ So the request is read here and becomes autosp's own checkpointing:
   older models check one on the stack) -> ``checkpointing="full"`` (each layer keeps its
   input; the same recomputation);
 * ``every_n_layers=k`` -> a per-region plan: ``full`` for the flagged layers, ``keep`` for
-  the others (one region per attention layer: :mod:`autosp.planning.plan`);
+  the others (one region per attention layer: :mod:`autosp.cost.plan`);
 * ``offload=True`` (HF keeps the saved inputs in pinned host memory) -> ``full+offload``.
 
 Checkpointing autosp cannot honour is an error naming the module, never a silent no-op:
@@ -57,7 +57,7 @@ class CheckpointRequest:
         return not self.layers or all(x == "full" for x in self.layers)
 
     def region_choices(self) -> tuple[str, ...]:
-        """One :class:`~autosp.planning.plan.MemoryPlan` choice per region (per layer)."""
+        """One :class:`~autosp.cost.plan.MemoryPlan` choice per region (per layer)."""
         suffix = "+offload" if self.offload else ""
         return tuple(x + suffix if x == "full" else x for x in self.layers)
 

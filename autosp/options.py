@@ -22,8 +22,8 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
+from autosp.cost.plan import MemoryPlan
 from autosp.ir.diagnostics import AutospError
-from autosp.planning.plan import MemoryPlan
 from autosp.units import parse_bytes
 
 
@@ -50,7 +50,7 @@ class _Choice(str, enum.Enum):
 # pricer's METHODS, the checkpoint pass's MODES); test_options checks these enums name
 # exactly those.
 class Strategy(_Choice):
-    """How attention is split over the ranks (:mod:`autosp.planning.strategy`)."""
+    """How attention is split over the ranks (:mod:`autosp.cost.strategy`)."""
     AUTO = "auto"
     ULYSSES = "ulysses"
     RING = "ring"
@@ -58,7 +58,7 @@ class Strategy(_Choice):
 
 
 class Recurrence(_Choice):
-    """How a linear recurrence runs over the ranks (:mod:`autosp.planning.recurrence`)."""
+    """How a linear recurrence runs over the ranks (:mod:`autosp.cost.recurrence`)."""
     AUTO = "auto"
     HEADS = "heads"
     CHAIN = "chain"

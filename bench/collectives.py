@@ -31,7 +31,7 @@ With ``--strategies`` each model runs under every mesh of P ranks its heads allo
 (``sp_strategy`` ulysses, hybrid with each Ulysses degree, ring), and the table counts
 per attention layer the all-to-alls and the ring's sends (forward + backward, counted
 by :mod:`autosp.runtime.ring`) and the bytes a rank sends, against the analytical volume
-of :func:`autosp.planning.strategy.price` (the model ``autosp.compile`` chooses with): Ulysses
+of :func:`autosp.cost.strategy.price` (the model ``autosp.compile`` chooses with): Ulysses
 2 x (U-1)/U of q, k, v, o at the rank's frame; ring (R-1) K/V hops forward, (R-1) K/V
 and R dK/dV hops backward.
 
@@ -251,7 +251,7 @@ def _strategy_body(rank, world, queue, cfg, seq, options):
 
 def strategy_table(world: int, seq: int) -> list[str]:
     """Rows: per mesh, collectives per layer and bytes per layer and rank against the model."""
-    from autosp.planning.strategy import price, ulysses_feasible
+    from autosp.cost.strategy import price, ulysses_feasible
     rows = ["| model | mesh (U x R) | all-to-all / layer fwd + bwd | ring sends / layer fwd + bwd | "
             "MiB sent / layer / rank | analytical MiB | ratio |", "|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)

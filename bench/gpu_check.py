@@ -237,8 +237,8 @@ def budget_check(device, size: str, seqs, tiles: int) -> list[str]:
     recompute, ``tiles`` token-wise tiles, every layer's input offloaded to pinned host
     memory): the memory model's prediction on CUDA's kernels against
     ``torch.cuda.max_memory_allocated``, step time and tokens/s."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.planning.estimate import MemoryModel
-    from autosp.planning.plan import MemoryPlan
     cfg = LlamaConfig(**LLAMA_PRESETS[size], max_positions=max(seqs))
     plan = MemoryPlan(layers=("full+offload",) * cfg.layers, tiles=tiles, loss_chunk=4096, drop_logits=True)
     rows = ["", f"Llama '{size}', bf16, one device, plan: tiled loss (logits dropped), full recompute, "

@@ -54,7 +54,7 @@ SETUPS = (("8 x 80 GiB", 8, 80, "adamw", 1 << 19), ("1 x 141 GiB", 1, 141, "host
 
 def mechanisms(devices) -> str:
     """The per-mechanism max-context table (see the module docstring)."""
-    from autosp.planning.plan import MemoryPlan
+    from autosp.cost.plan import MemoryPlan
     rows = ["| setup | mechanism | " + " | ".join(f"max context ({d} kernels)" for d in devices)
             + " | GiB/rank at the limit (" + devices[-1] + ") |", "|---|---|" + "---|" * (len(devices) + 1)]
     for label, sp, gib, optimizer, granule in SETUPS:
@@ -92,11 +92,11 @@ def composed_mechanisms(config_path: str, worlds, gib: float, granule: int) -> s
     """The per-mechanism max-context table of a Hugging Face config (module docstring)."""
     from dataclasses import replace
 
+    from autosp.cost.plan import MemoryPlan
     from autosp.driver import transform
     from autosp.planning.depth import TAIL, compose, repeated_layers, with_depth
     from autosp.planning.estimate import meta_model, model_state
     from autosp.planning.fake_cuda import trainer_call
-    from autosp.planning.plan import MemoryPlan
     from autosp.runtime import collectives
     from autosp.tools.plan import load_config
     meta = meta_model(load_config(config_path), torch.bfloat16)

@@ -73,8 +73,8 @@ def measure(seq: int, repeat: int) -> str:
 def simulate(setups) -> str:
     """Total GiB per rank (state + activation peak) of Llama-3-8B for each plan, at each
     length of each setup ``(sp, fsdp, optimizer, lengths)``."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.planning.estimate import GiB, MemoryModel
-    from autosp.planning.plan import MemoryPlan
     layers = 32
     rows = [("SAC-min (before)", MemoryPlan(mode="sac-min", tile_loss=False)),
             ("+ tiled loss", MemoryPlan(mode="sac-min", loss_chunk=4096, drop_logits=True)),

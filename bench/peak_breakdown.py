@@ -74,9 +74,9 @@ class BlameTracker(PeakTracker):
 def breakdown(seq, sp, fsdp, layers, plan_mode, tiles, loss_chunk, optimizer, rank, top, model_spec="8b",
               device="cpu", call="position_ids"):
     import autosp.planning.estimate as estimate
+    from autosp.cost.plan import MemoryPlan
     from autosp.models import LLAMA_PRESETS, LlamaConfig
     from autosp.planning.estimate import GiB, MemoryModel
-    from autosp.planning.plan import MemoryPlan
     inputs = None
     if model_spec in LLAMA_PRESETS:
         config = LlamaConfig(**{**LLAMA_PRESETS[model_spec], "layers": layers})

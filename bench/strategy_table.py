@@ -3,12 +3,12 @@
     python bench/strategy_table.py [--seq 1048576] [--ranks-per-node 8] [--no-write]
 
 For Llama-3-8B, Llama-3-70B and a 2-head model at P = 8, 16 and 64 ranks (8 per node), runs
-:func:`autosp.planning.strategy.choose` -- the same function ``autosp-partition-attention`` calls
+:func:`autosp.cost.strategy.choose` -- the same function ``autosp-partition-attention`` calls
 with ``strategy=auto`` -- and prints the mesh it picks (Ulysses degree x ring degree),
 the bytes one rank sends per training step (forward + backward, every layer, bf16) and
 the communication time the model predicts is not hidden behind attention, with the
 runner-up for comparison. Simulated: no GPU runs; the hardware numbers are
-:class:`autosp.planning.strategy.Hardware`'s defaults. Appends the table to bench/RESULTS.md.
+:class:`autosp.cost.strategy.Hardware`'s defaults. Appends the table to bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results import append_section  # noqa: E402
 
-from autosp.planning.strategy import Hardware, choose  # noqa: E402
+from autosp.cost.strategy import Hardware, choose  # noqa: E402
 
 MODELS = {  # name -> (query heads, KV heads, head dim, layers)
     "Llama-3-8B": (32, 8, 128, 32),

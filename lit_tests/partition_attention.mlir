@@ -218,7 +218,7 @@ func.func @attention_sinks(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "ar
 // -----
 
 // A Gated DeltaNet op (a stated recurrence along dim 1) runs one of three exact ways, priced
-// (autosp.planning.recurrence; recurrence= forces one). heads, where its heads divide over
+// (autosp.cost.recurrence; recurrence= forces one). heads, where its heads divide over
 // the ranks (2 key, 4 value heads at sp-size 2): an all-to-all to heads for each input, the
 // op on this rank's heads over the whole sequence, an all-to-all back (no state passed).
 // Otherwise the op is left to autosp-shard-sequence with its method: at the priced length

@@ -19,7 +19,7 @@ that neither divide nor are divided by P, are diagnosed at the attention op.
 ``ring-degree``): the ranks form ``ring`` groups of ``ulysses`` ranks. The all-to-alls
 run on the ``<group>:ulysses`` sub-group and attention becomes ``autosp.ring_attention``
 on ``<group>:ring`` (q, k, v sequence-sharded, K/V blocks travelling the ring inside the
-op). ``auto`` prices every mesh the heads allow with :func:`autosp.planning.strategy.choose`
+op). ``auto`` prices every mesh the heads allow with :func:`autosp.cost.strategy.choose`
 (``ranks-per-node``, ``seq-len``); the module gets ``autosp.sp_layout`` (the layout the
 runtime shards the sequence in: zigzag whenever ring > 1) and ``autosp.sp_choice`` (why).
 Ring attention takes SDPA with no mask, a proven sliding window, proven documents or proven
@@ -30,7 +30,7 @@ keep ``auto`` on Ulysses and make a forced ring an error at the op.
 
 **Linear recurrences** (stated ops, :mod:`autosp.runtime.recurrences`; ``recurrence=
 auto|heads|chain|prefix``), on a mesh without a ring: each is priced by
-:func:`autosp.planning.recurrence.choose_recurrence` (``auto``) or forced. ``heads``
+:func:`autosp.cost.recurrence.choose_recurrence` (``auto``) or forced. ``heads``
 rewrites a Gated DeltaNet op here (all-to-alls to heads around it); ``chain`` and
 ``prefix`` are left to ``autosp-shard-sequence`` with ``autosp.scan_method`` on the op.
 The reasons join ``autosp.sp_choice``.
@@ -43,6 +43,8 @@ from typing import ClassVar
 from autosp.passes.fuse_gqa import repeated_heads
 from torch_mlir import ir
 
+from autosp.cost.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence
+from autosp.cost.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir import builders as b
 from autosp.ir import ops
 from autosp.ir.contract import (
@@ -73,8 +75,6 @@ from autosp.ir.core import (
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.pass_base import ModulePass
 from autosp.ir.sequence import SequenceInfo, analyze_sequence, sequence_length_value
-from autosp.planning.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence
-from autosp.planning.strategy import Candidate, Choice, StrategyError, choose
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def ring_blocker(op, kind: str) -> str | None:
 
 def choose_mesh(module, info: SequenceInfo, options: PartitionAttention):
     """The Ulysses x ring mesh for every attention op (one layout for the module):
-    :func:`autosp.planning.strategy.choose` on the first op's heads, limited to meshes every op
+    :func:`autosp.cost.strategy.choose` on the first op's heads, limited to meshes every op
     can run. A forced strategy no op can run is diagnosed at that op."""
     heads = []
     ring_ok = None
@@ -365,7 +365,7 @@ def recurrence_documents(op) -> bool:
 
 
 def recurrence_shape(op) -> RecurrenceShape | None:
-    """The sizes :mod:`autosp.planning.recurrence` prices, read from a stated recurrence op
+    """The sizes :mod:`autosp.cost.recurrence` prices, read from a stated recurrence op
     (static head counts and dims; None where one is not static)."""
     name = ops.operator_name(op)
     dims = [b.vtensor_shape(v.type) for v in op.operands[:3]]
@@ -391,7 +391,7 @@ def recurrence_shape(op) -> RecurrenceShape | None:
 def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, seq_len,
                           options: PartitionAttention | None = None) -> list[str]:
     """How each stated recurrence runs on ``sp_size`` ranks, priced
-    (:func:`autosp.planning.recurrence.choose_recurrence`; ``options.recurrence`` forces
+    (:func:`autosp.cost.recurrence.choose_recurrence`; ``options.recurrence`` forces
     one): **heads** rewrites a Gated DeltaNet op whose heads divide over the ranks
     (:func:`gated_delta_rule_heads`) to run on each rank's heads over the whole sequence,
     an all-to-all to heads for each input, the kernel as it is, an all-to-all back;

@@ -26,6 +26,17 @@ from autosp.frontend.importer import ArgInfo
 from autosp.runtime import fsdp
 
 
+def state_tensors(model: torch.nn.Module, args: list[ArgInfo]) -> list[torch.Tensor]:
+    """The model's current parameters and buffers, in the order of a program's ``args``."""
+    table = dict(model.named_parameters())
+    table.update(model.named_buffers())
+    try:
+        return [table[a.name] for a in args if a.kind != "input"]
+    except KeyError as e:
+        raise RuntimeError(f"autosp: the model no longer has parameter/buffer {e}; "
+                           "recompile after changing its structure") from None
+
+
 @dataclass
 class CompiledProgram:
     graph_module: torch.fx.GraphModule
@@ -84,13 +95,7 @@ class CompiledProgram:
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """The model's current parameters and buffers, in argument order."""
-        table = dict(model.named_parameters())
-        table.update(model.named_buffers())
-        try:
-            return [table[a.name] for a in self.args if a.kind != "input"]
-        except KeyError as e:
-            raise RuntimeError(f"autosp: the model no longer has parameter/buffer {e}; "
-                               "recompile after changing its structure") from None
+        return state_tensors(model, self.args)
 
     def _place_constants(self, device: torch.device) -> None:
         """Move the graph's tensor literals (``_const*`` buffers, made on the CPU when the IR

@@ -19,12 +19,16 @@ from typing import TYPE_CHECKING
 __all__ = ["FusedLogProbsOutput", "SequenceParallelModel", "Trainer", "sequence_parallel"]
 
 if TYPE_CHECKING:
-    from autosp.hf.trainer import FusedLogProbsOutput, SequenceParallelModel, Trainer, sequence_parallel
+    from autosp.hf.entry import Trainer, sequence_parallel
+    from autosp.hf.trainer import FusedLogProbsOutput, SequenceParallelModel
 
 
 def __getattr__(name: str):
     # The Trainer integration imports transformers, and only where a user asks for it: a
     # core install (no transformers) imports ``autosp.hf`` without it.
+    if name in ("Trainer", "sequence_parallel"):
+        from autosp.hf import entry
+        return getattr(entry, name)
     if name in __all__:
         from autosp.hf import trainer
         return getattr(trainer, name)

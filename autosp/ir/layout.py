@@ -1,7 +1,7 @@
 """The sequence layout of a sequence-parallel group: which pieces of the sequence each rank holds.
 
 ``autosp-partition-attention`` writes it on the module (``autosp.sp_layout``), the mesh
-chooser (:mod:`autosp.planning.strategy`) prices it, and the runtime
+chooser (:mod:`autosp.cost.strategy`) prices it, and the runtime
 (:mod:`autosp.runtime.collectives`) cuts the sequence by it. It is plain data: this module
 imports torch only when a layout is cut at run time, so ``autosp-opt`` and the passes never
 load torch through it.

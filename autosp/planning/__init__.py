@@ -4,13 +4,10 @@
   measurements and the model.
 - :mod:`~autosp.planning.estimate`: the memory model: a compiled program's training step on
   meta tensors as one simulated rank (``estimate_memory``, ``max_context``).
-- :mod:`~autosp.planning.plan`: :class:`MemoryPlan`, the compiler's answer to a budget.
 - :mod:`~autosp.planning.planner`: the cheapest plan that fits ``memory_budget``.
-- :mod:`~autosp.planning.strategy`: the Ulysses x ring mesh, priced.
-- :mod:`~autosp.planning.recurrence`: heads, chain or prefix for a linear recurrence, priced.
 - :mod:`~autosp.planning.fake_cuda`: a step on CUDA's kernels without a GPU, and its checks.
 
 The package depends on :mod:`autosp.driver` (it compiles through it), never on
-:mod:`autosp.api`. Its ``__init__`` imports nothing, so the passes can read
-:mod:`~autosp.planning.strategy` and :mod:`~autosp.planning.plan` without the memory model.
+:mod:`autosp.api`. The pure cost models it prices with (the mesh, the recurrence method,
+:class:`~autosp.cost.plan.MemoryPlan`) are :mod:`autosp.cost`, below the driver.
 """

@@ -1,4 +1,4 @@
-"""``memory_budget``: choose a :class:`~autosp.planning.plan.MemoryPlan` whose predicted peak fits.
+"""``memory_budget``: choose a :class:`~autosp.cost.plan.MemoryPlan` whose predicted peak fits.
 
 The planner asks the memory model (:mod:`autosp.planning.estimate`: the compiled program run on meta
 tensors as one simulated rank, the first and the last, on the kernels of the inputs'
@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils import _pytree as pytree
 
+from autosp.cost.plan import MemoryPlan
 from autosp.driver import Transformed, transform
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import VOCAB_LOGPROB
@@ -49,7 +50,6 @@ from autosp.passes.tile_loss import tile_loss
 from autosp.pipeline import run_pipeline
 from autosp.planning.depth import TAIL, compose, repeated_layers, with_depth
 from autosp.planning.estimate import MemoryModel, meta_model, model_state
-from autosp.planning.plan import MemoryPlan
 from autosp.runtime import collectives
 from autosp.units import human_bytes
 

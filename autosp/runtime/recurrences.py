@@ -21,7 +21,7 @@ positions 0 .. a left gives exactly the positions a .. b of the whole run (each 
 own initial-state / final-state contract). The layout rules shard it along the sequence
 (``OpClass.RECURRENCE``), and the emitted program calls :func:`gated_delta_rule` /
 :func:`mamba2_chunk_scan`: on one rank the kernel itself; on P ranks one of two methods
-(``autosp.scan_method``, priced by :mod:`autosp.planning.recurrence`):
+(``autosp.scan_method``, priced by :mod:`autosp.cost.recurrence`):
 
 - **chain** (:class:`_Chained`): each rank runs its part from the state the previous rank
   sends (the ranks in sequence order); in backward the state's gradient travels back.

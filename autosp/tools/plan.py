@@ -173,7 +173,7 @@ def plan(args) -> dict:
         except AutospError as e:
             raise PlanInputError(str(e)) from None
     elif args.drop_logits:  # as autosp.compile(drop_logits=True) without a budget
-        from autosp.planning.plan import MemoryPlan
+        from autosp.cost.plan import MemoryPlan
         plan_obj = MemoryPlan(mode=args.checkpointing, drop_logits=True)
     say(f"[{PROG}] compiling for {world} ranks ({args.call} call, mesh {args.strategy}) ...")
     t0 = time.perf_counter()
@@ -403,9 +403,9 @@ def render(r: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autosp.cost.strategy import STRATEGIES
     from autosp.options import CHECKPOINTING
     from autosp.planning.estimate import OPTIMIZERS
-    from autosp.planning.strategy import STRATEGIES
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a Hugging Face model directory, its config.json, or a preset (tiny, small, 1b, 8b)")

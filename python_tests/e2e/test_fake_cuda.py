@@ -12,8 +12,8 @@ import pytest
 import torch
 import transformers
 
+from autosp.cost.plan import MemoryPlan
 from autosp.planning.fake_cuda import CudaStep, cuda_step, sequence_sizes, trainer_call
-from autosp.planning.plan import MemoryPlan
 from autosp.runtime import attention, collectives, ring
 
 S = 3000  # no model dim equals one of its shard lengths (the quadratic check reads dims)

@@ -42,7 +42,7 @@ def _loss(which, model, ids, world_compiled: bool):
 
 def _parity(rank, world, queue, which, seed, seq, drop_chunk):
     import autosp
-    from autosp.planning.plan import MemoryPlan
+    from autosp.cost.plan import MemoryPlan
     from autosp.runtime import tiling
     from autosp.testing.parity import align_parameters, parameter_distance, relative_error
     model, vocab = _model(which, seed)
@@ -191,7 +191,7 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
     plain model used after compile. The IR keeps its torch.bind_symbolic_shape annotations
     at sp_size=1 (the tiled loss must erase them with the log-softmax)."""
     import autosp
-    from autosp.planning.plan import MemoryPlan
+    from autosp.cost.plan import MemoryPlan
     from autosp.testing.parity import relative_error
     if family == "qwen2":
         cfg = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -239,10 +239,10 @@ def test_plan_on_one_device_matches_eager(family, _fresh_seed):
 
 def _tiled_runs(sp: int, layers: int) -> int:
     """How many token-wise runs autosp-tile-tokens tiles in a Llama's program at ``sp``."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.driver import transform
     from autosp.ir.core import body_ops, main_func
     from autosp.models import LlamaConfig, LlamaLike
-    from autosp.planning.plan import MemoryPlan
     from autosp.runtime import collectives
     with torch.device("meta"):
         model = LlamaLike(LlamaConfig(vocab=256, hidden=64, layers=layers, heads=4, kv_heads=2, ffn=128))
@@ -259,9 +259,9 @@ def test_one_device_tiles_what_a_shard_tiles():
     rotary tables from arange and attention's output are proven the whole sequence where
     a row-wise op meets them (stop 29 tiled nothing there: 2x the 8B one-GPU peak). The
     control: tiles=1 tiles nothing, and on meta the tiled one-device peak is lower."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.models import LlamaConfig
     from autosp.planning.estimate import MemoryModel
-    from autosp.planning.plan import MemoryPlan
     assert _tiled_runs(1, 2) == _tiled_runs(2, 2) >= 2
     cfg = LlamaConfig(vocab=512, hidden=256, layers=2, heads=4, kv_heads=2, ffn=1024)
     peaks = []
@@ -277,9 +277,9 @@ def test_planner_from_shallow_copies_matches_the_whole_model(monkeypatch):
     uniform and mixed plans, with tiles, offload and a simulated FSDP2, and both choose
     the same plan. The control: a composition that leaves out the runs' extra layers is
     off by more than 2%."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.models import LlamaConfig, LlamaLike
     from autosp.planning.depth import shallow_plan
-    from autosp.planning.plan import MemoryPlan
     from autosp.planning.planner import Planner
     layers = 6
     with torch.device("meta"):

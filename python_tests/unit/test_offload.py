@@ -335,11 +335,11 @@ def test_offload_applies_to_the_chosen_layers_only():
     layer before, which must not decide), and the memory model's saved bytes lie between
     offloading nothing and offloading every layer. One compilation, each plan's memory
     passes run on a copy (as the planner does)."""
+    from autosp.cost.plan import MemoryPlan
     from autosp.driver import Transformed, transform
     from autosp.models import LlamaConfig
     from autosp.pipeline import run_pipeline
     from autosp.planning.estimate import MemoryModel, meta_model
-    from autosp.planning.plan import MemoryPlan
     from autosp.runtime import collectives
     model = meta_model(LlamaConfig(vocab=128, hidden=128, layers=3, heads=4, kv_heads=2, ffn=256), torch.bfloat16)
     ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")

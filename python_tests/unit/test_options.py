@@ -15,8 +15,8 @@ from autosp.options import CHECKPOINTING, Checkpointing, CompileOptions, MeshOpt
 def test_the_enums_name_the_values_defined_where_they_act():
     from autosp.passes.checkpoint import MODES
 
-    from autosp.planning.recurrence import METHODS
-    from autosp.planning.strategy import STRATEGIES
+    from autosp.cost.recurrence import METHODS
+    from autosp.cost.strategy import STRATEGIES
     assert tuple(m.value for m in Strategy) == STRATEGIES
     assert tuple(m.value for m in Recurrence) == ("auto", *METHODS)
     assert tuple(m.value for m in Checkpointing) == ("off", *MODES) == CHECKPOINTING

@@ -1,8 +1,8 @@
-"""The mesh choice (autosp.planning.strategy) and the sequence layouts it implies (SeqLayout)."""
+"""The mesh choice (autosp.cost.strategy) and the sequence layouts it implies (SeqLayout)."""
 import pytest
 import torch
 
-from autosp.planning.strategy import StrategyError, choose, price
+from autosp.cost.strategy import StrategyError, choose, price
 from autosp.runtime.collectives import SeqLayout
 
 
@@ -91,11 +91,11 @@ def test_a_later_compilation_keeps_the_first_mesh():
 
 
 def test_recurrence_prices_follow_the_documented_model():
-    """autosp.planning.recurrence: the widening factors, the three prices as documented, and
+    """autosp.cost.recurrence: the widening factors, the three prices as documented, and
     the choices they make (prefix where P parts of a chain cost more than one widened
     part, the chain at P = 2 where the widening is 2, heads only where allowed)."""
-    from autosp.planning.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence, widening
-    from autosp.planning.strategy import Hardware
+    from autosp.cost.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence, widening
+    from autosp.cost.strategy import Hardware
     gdn = RecurrenceShape(GATED_DELTA_NET, heads=32, k_heads=16, key_dim=128, value_dim=128, chunk=64, elem_bytes=2)
     m2 = RecurrenceShape(MAMBA2, heads=128, k_heads=8, key_dim=128, value_dim=64, chunk=256, elem_bytes=2)
     assert widening(gdn) == pytest.approx(1.75) and widening(m2) == pytest.approx(2.0)

@@ -23,7 +23,7 @@ FLOP counts are the chunked kernels' matmuls (transformers' torch forms, chunk `
 * Gated DeltaNet per head and token: ``4 c d_k + c (d_k + d_v) + 2 c d_v + 6 d_k d_v``;
 * Mamba2 per head and token: ``2 c N + 2 c d_head + 4 N d_head``.
 
-Throughput and bandwidths are :class:`~autosp.planning.strategy.Hardware`'s defaults
+Throughput and bandwidths are :class:`~autosp.cost.strategy.Hardware`'s defaults
 (H100-class, not measured); fixed latencies are left out. Compute and the heads path's
 bytes grow with S, the state terms do not: at the default ``S = 8192`` and beyond, the
 state terms are small and the choice is the compute's. ``verbose=True`` prints the choice with every price.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autosp.planning.strategy import Hardware
+from autosp.cost.strategy import Hardware
 
 GATED_DELTA_NET = "gated_delta_rule"
 MAMBA2 = "mamba2_chunk_scan"
@@ -93,7 +93,7 @@ class RecurrenceChoice:
 def price_recurrence(shape: RecurrenceShape, sp_size: int, *, heads_ok: bool, seq_len: int = 8192,
                      ranks_per_node: int | None = None, hw: Hardware | None = None) -> dict:
     """Seconds per layer and rank (one sequence of ``seq_len``) of each feasible method
-    (``hw``: :class:`~autosp.planning.strategy.Hardware`'s defaults when None)."""
+    (``hw``: :class:`~autosp.cost.strategy.Hardware`'s defaults when None)."""
     hw = hw or Hardware()
     p = sp_size
     bw = hw.intra_node_bw if p <= (ranks_per_node or p) else hw.inter_node_bw
