@@ -203,13 +203,15 @@ class MemoryModel:
     def _state(self) -> tuple[int, int, int]:
         return model_state(self.model, self.dtype, self.optimizer)
 
-    def estimate(self, seq_len: int, watch=None) -> MemoryEstimate:
-        """Run one step on meta tensors at ``seq_len`` as the simulated rank; without a
-        rank, as the first and the last rank (the edges of the sequence: the last one also
-        narrows the shifted logits), keeping each field's larger value. ``watch(rank)``,
-        if given, returns a context manager entered around each rank's step, inside the
-        memory counters (the fake-CUDA harness records ops and collectives with it)."""
-        ranks = [self.rank] if self.rank is not None else sorted({0, self.sp_size - 1})
+    def estimate(self, seq_len: int, watch=None, rank: int | None = None) -> MemoryEstimate:
+        """Run one step on meta tensors at ``seq_len`` as the simulated rank (``rank``, else
+        the model's ``rank``); without a rank, as the first and the last rank (the edges of
+        the sequence: the last one also narrows the shifted logits), keeping each field's
+        larger value. ``watch(rank)``, if given, returns a context manager entered around
+        each rank's step, inside the memory counters (the fake-CUDA harness records ops and
+        collectives with it)."""
+        rank = self.rank if rank is None else rank
+        ranks = [rank] if rank is not None else sorted({0, self.sp_size - 1})
         found = [self._estimate(seq_len, r, watch) for r in ranks]
         best = max(found, key=lambda e: e.peak_bytes)
         best.saved_bytes = max(e.saved_bytes for e in found)

@@ -281,11 +281,9 @@ def cuda_step(model_or_config, seq_len: int, *, sp_size: int = 1, call="position
     steps = []
     for r in (ranks if ranks is not None else sorted({0, sp_size - 1})):
         step = CudaStep(seq_len, sp_size, r)
-        model.rank = r
-        est = model.estimate(seq_len, watch=lambda rank, step=step: _Watch(step, keep_ops, dims))
+        est = model.estimate(seq_len, watch=lambda rank, step=step: _Watch(step, keep_ops, dims), rank=r)
         step.peak_bytes, step.activation_peak_bytes, step.saved_bytes = (
             est.peak_bytes, est.activation_peak_bytes, est.saved_bytes)
         step.estimate = est
         steps.append(step)
-    model.rank = None
     return steps
