@@ -41,7 +41,13 @@ from autosp.ir.contract import (
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
-from autosp.runtime import attention, collectives, recurrences, sequence_ops
+from autosp.ir.stated import RECURRENCE, stated
+from autosp.runtime import (
+    attention,
+    collectives,
+    recurrences,  # noqa: F401 - registers the recurrence ops (a rank may only emit)
+    sequence_ops,
+)
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
 _INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
@@ -281,11 +287,12 @@ class _Emitter:
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
             return
-        if name in recurrences.RUNTIME:  # a stated recurrence: a chain or a prefix over the group when sharded
+        record = stated(name)
+        if record is not None and record.layout == RECURRENCE:  # a chain or a prefix over the group when sharded
             attrs = op.attributes
             group = _attr_value(attrs[SCAN_GROUP_ATTR]) if SCAN_GROUP_ATTR in attrs else None
             method = _attr_value(attrs[SCAN_METHOD_ATTR]) if SCAN_METHOD_ATTR in attrs else "chain"
-            self._bind_results(op, self.graph.call_function(recurrences.RUNTIME[name], tuple(operands),
+            self._bind_results(op, self.graph.call_function(record.runtime_function(), tuple(operands),
                                                             {"group": group, "method": method}))
             return
         target = resolve_torch_op(name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from autosp.ir import stated
 from autosp.ir.contract import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -95,12 +96,12 @@ COUNTING_OPS = ("torch.aten.histc",)
 # Scatter-adds into a target: over a split of (index, src) along the scattered dim, the
 # parts' scatters into zeros add up (the target must be proven zero: it would count P times).
 SCATTER_SUM_OPS = ("torch.aten.scatter_add",)
-# Row-wise over the leading dim of their tensor inputs (autosp.runtime.experts: MoE experts).
-TOKEN_WISE_OPERATORS = ("torch.autosp.token_experts",)
-# Ops with stated semantics that are linear recurrences along dim 1 (autosp.runtime.recurrences).
+# The stated ops (autosp.ir.stated: one record each), by how they are placed: row-wise over
+# the leading dim of their tensor inputs (MoE experts), or linear recurrences along dim 1.
+TOKEN_WISE_OPERATORS = stated.names(stated.TOKEN_WISE)
+RECURRENCE_OPERATORS = stated.names(stated.RECURRENCE)
 GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"
 MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
-RECURRENCE_OPERATORS = (GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN)
 # Ops whose operand 1 is a list of sizes of the result.
 SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                  "torch.aten._unsafe_view")

@@ -459,9 +459,6 @@ def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool,
                     [x, dt, B, C, A, D, dt_bias], shape, group, whole)
 
 
-RUNTIME = {GATED_DELTA_RULE: gated_delta_rule, MAMBA2_CHUNK_SCAN: mamba2_chunk_scan}
-"""Each stated op's function in the emitted program."""
-
 opaque.register(GATED_DELTA_RULE, gated_delta_rule, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
 opaque.register(MAMBA2_CHUNK_SCAN, mamba2_chunk_scan,
                 lambda x, *rest, **kw: x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32)))

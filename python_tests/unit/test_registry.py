@@ -129,3 +129,27 @@ def test_adding_a_model_family_walks_the_code():
     assert len(refs) >= 25, refs
     missing = [f"{f}::{n}" for f, n in refs if not (root / f).exists() or not _defines(root / f, n)]
     assert not missing, f"the walkthrough names what the code no longer has: {missing}"
+
+
+def test_every_stated_op_record_holds():
+    """Each record of the stated-op registry (autosp.ir.stated) is true of the code: its
+    runtime function exists and registered the torch op of its name, its layout is one
+    the pass rules place, and its cost model exists."""
+    import importlib
+
+    import torch
+
+    from autosp.ir import ops
+    from autosp.ir.stated import RECURRENCE, STATED_OPS, TOKEN_WISE, stated
+    assert {s.op for s in STATED_OPS} >= {ops.GATED_DELTA_RULE, ops.MAMBA2_CHUNK_SCAN}
+    for record in STATED_OPS:
+        assert callable(record.runtime_function()), record
+        short = record.op.removeprefix("torch.autosp.")
+        assert hasattr(torch.ops.autosp, short), f"{record.op}: no torch.ops.autosp.{short} after importing its runtime"
+        assert record.layout in (TOKEN_WISE, RECURRENCE), record
+        assert record.op in (ops.TOKEN_WISE_OPERATORS if record.layout == TOKEN_WISE else ops.RECURRENCE_OPERATORS)
+        if record.priced_by:
+            module, _, name = record.priced_by.partition(":")
+            assert callable(getattr(importlib.import_module(module), name)), record
+        assert stated(record.op) is record and record.replaces
+    assert stated("torch.aten.mm") is None

@@ -1,0 +1,71 @@
+"""The stated ops: one record per op whose semantics autosp states instead of reading them.
+
+A library function the export cannot give as a symbolic-S program (a loop over chunks, a
+data-dependent dispatch) is replaced while exporting by one op whose meaning autosp knows.
+Each record says, in one place, what the op is to every floor:
+
+- ``op``: its name as torch-mlir imports it (``torch.operator "torch.autosp.<name>"``);
+- ``layout``: how ``autosp-shard-sequence`` places it (:data:`TOKEN_WISE`: row-wise over
+  the tokens of its tensor inputs' leading dim, so a sequence shard runs as it is;
+  :data:`RECURRENCE`: a linear recurrence along dim 1, each rank's part from the previous
+  part's state);
+- ``runtime``: the function (``module:name``) the emitted program calls, and where its
+  torch op and fake are defined (importing the module registers them);
+- ``replaces``: the library function it stands for, and how the export finds it;
+- ``priced_by``: the cost model that chooses how it runs over the ranks, if any.
+
+The pass rules and the emitter read this table; ``docs/adding_a_model_family.md`` walks
+one record end to end, and ``test_registry`` checks every record against the code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+
+TOKEN_WISE = "token-wise"
+RECURRENCE = "recurrence"
+
+
+@dataclasses.dataclass(frozen=True)
+class StatedOp:
+    """One stated op (module docstring)."""
+
+    op: str
+    layout: str
+    runtime: str
+    replaces: str
+    priced_by: str | None = None
+
+    def runtime_function(self) -> Callable:
+        """The function the emitted program calls (its module imported: the op registered)."""
+        module, _, name = self.runtime.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+STATED_OPS: tuple[StatedOp, ...] = (
+    StatedOp("torch.autosp.token_experts", TOKEN_WISE, "autosp.runtime.experts:token_experts",
+             "a mixture-of-experts experts module (transformers' experts classes, torchtitan's RoutedExperts "
+             "with a local dispatcher), matched by class while exporting: each token's output from its own "
+             "row and its routing"),
+    StatedOp("torch.autosp.gated_delta_rule", RECURRENCE, "autosp.runtime.recurrences:gated_delta_rule",
+             "transformers' torch_chunk_gated_delta_rule (Qwen3-Next, Qwen3.5), by name in the modeling modules "
+             "of the model's layers; torchtitan's Qwen3.5 GatedDeltaKernel (autosp.titan), with packed "
+             "documents as its starts",
+             priced_by="autosp.cost.recurrence:choose_recurrence"),
+    StatedOp("torch.autosp.mamba2_chunk_scan", RECURRENCE, "autosp.runtime.recurrences:mamba2_chunk_scan",
+             "transformers' mamba2_chunk_scan (Granite-4 hybrid, Nemotron-H, Mamba2), by name in the modeling "
+             "modules of the model's layers",
+             priced_by="autosp.cost.recurrence:choose_recurrence"),
+)
+_BY_NAME = {s.op: s for s in STATED_OPS}
+
+
+def stated(name: str) -> StatedOp | None:
+    """The record of the op named ``name`` (``torch.autosp.<name>``), if it is a stated op."""
+    return _BY_NAME.get(name)
+
+
+def names(layout: str) -> tuple[str, ...]:
+    """The stated ops placed as ``layout``."""
+    return tuple(s.op for s in STATED_OPS if s.layout == layout)
