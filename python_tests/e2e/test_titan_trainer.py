@@ -6,7 +6,7 @@ masks, FSDP2 through its ``parallelize_llama``) trains 3 steps through torchtita
 ``Trainer.train`` with ``context_parallel_degree = 2`` on 2 ranks, and the losses torchtitan
 logs (summed over its loss mesh) equal those of the same Trainer without CP on one process,
 to 1e-5, and every parameter's gradient (before torchtitan's clipping) to 1e-5 at the
-first step (1e-4 after AdamW steps). Parameters in float32 (``mixed_precision_param``; the config's bf16 would hold both
+first step (1e-3 after free-running AdamW steps: see the test). Parameters in float32 (``mixed_precision_param``; the config's bf16 would hold both
 to bf16's rounding). One process computes FlexAttention as ops (``flex_as_dense``: CPU flex
 has no backward).
 
@@ -157,8 +157,11 @@ def test_torchtitan_trainer_with_autosp_as_context_parallelism(tmp_path, _fresh_
             (loss, norm), (ref_loss, ref_norm) = r["losses"][step], one["losses"][step]
             assert abs(loss - ref_loss) <= TOL * abs(ref_loss), f"rank {rank}, step {step}: {loss} vs {ref_loss}"
             grads = {n: relative_error(g, h) for n, g, h in zip(one["names"], r["grads"][step], one["grads"][step])}
-            # (after an AdamW step the runs' weights differ by rounding that AdamW amplifies: 10 TOL)
-            assert max(grads.values()) <= (TOL if step == 0 else 10 * TOL), f"rank {rank}, step {step}: {grads}"
+            # After an AdamW step the free-running runs' weights differ by up to 2 lr per element
+            # where a gradient element is rounding-sized (its sign decides the step): later
+            # gradients are held to 1e-3 (measured up to 8e-6 here; 1.4e-4 for muse_glimmer in
+            # test_titan, which judges every step at the same weights instead).
+            assert max(grads.values()) <= (TOL if step == 0 else 1e-3), f"rank {rank}, step {step}: {grads}"
             # torchtitan's logged norm: torch's float32 CPU norm of a large tensor is off by up
             # to 2e-4 and differs when taken shard by shard (FSDP2's DTensor norm)
             assert abs(norm - ref_norm) <= 1e-3 * abs(ref_norm), f"rank {rank}, step {step}: {norm} vs {ref_norm}"
