@@ -48,6 +48,7 @@ VOCAB = 2048
 # start: held to 1e-3. Every other gradient, the logits and the loss to 1e-5.
 GATE_PARAMETERS = ("attn.A_log", "attn.dt_bias", "attn.in_proj_a.weight", "attn.in_proj_a.bias")
 GATE_TOL = 1e-3
+SUM_TOL = 1e-4  # the decay's parameters with the exact kernel (see the test)
 SPECIAL = {"image_id": VOCAB - 1, "video_id": VOCAB - 2}  # (the trainer's; no images here)
 
 
@@ -157,10 +158,14 @@ def _body(rank, world, queue, seed, seq, documents, exact):
 
 @pytest.mark.parametrize("world,seq", [(2, 64), (2, 61), (4, 66)])
 def test_torchtitan_qwen3_5_with_packed_documents(world, seq, _fresh_seed):
-    """The kernel: the exact float64 recurrence (every gradient to 1e-5)."""
+    """The kernel: the exact float64 recurrence. Loss, logits and every gradient to 1e-5
+    but the decay's (``GATE_PARAMETERS``): ``A_log`` and ``dt_bias`` are 4 numbers each,
+    summed in float32 (torchtitan computes the gate in float32) over every position and
+    row with terms that cancel; the parts' order of that sum moved them by up to 4.1e-5
+    (measured over seeds; 1e-6 typically): held to ``SUM_TOL``."""
     results = run_ranks(_body, world, args=(_fresh_seed % 10000, seq, True, True), timeout=900, fresh=True)
     for rank, r in results.items():
-        assert max(r["loss"], r["logits"], r["grads"], r["gates"]) <= TOL, f"rank {rank}: {r}"
+        assert max(r["loss"], r["logits"], r["grads"]) <= TOL and r["gates"] <= SUM_TOL, f"rank {rank}: {r}"
         assert r["stated"] == r["chained"] == 3 and r["halos"] >= 3 and r["kept"] == 0, f"rank {rank}: {r}"
 
 

@@ -15,6 +15,7 @@ import torch
 from autosp.runtime import attention, ring
 
 TOL = 1e-5
+SUM_TOL = 5e-5  # a gradient that is one cancelling sum per head (the sinks')
 
 
 def _eager(q, k, v, sinks, visible):
@@ -87,7 +88,10 @@ def test_local_attention_with_sinks_matches_eager(name, _fresh_seed):
     got = torch.autograd.grad((out * grad.float()).sum(), (q, k, v, sinks))
     assert _rel(out, expected) <= TOL, name
     for n, g, w in zip("q k v sinks".split(), got, want):
-        assert _rel(g, w) <= TOL, (name, n, _rel(g, w))
+        # (a sink's gradient is one number per head summed over every batch row and query,
+        # with terms that cancel: two float32 orders of that sum were 1.06e-5 apart on one
+        # seed; held to SUM_TOL. q, k, v, element by element, to TOL)
+        assert _rel(g, w) <= (SUM_TOL if n == "sinks" else TOL), (name, n, _rel(g, w))
     # Negative control: the sinks left out of the denominator.
     plain = ring.local_attention(q, k, v, block=4, **kw)
     assert _rel(plain, expected) > 1e-3, name
