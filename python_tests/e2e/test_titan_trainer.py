@@ -14,7 +14,7 @@ torchtitan runs on CUDA (its device falls back to "cuda"); on this CPU machine t
 give it the CPU with torch.cuda's memory API answering zeros, and a loader of random
 tokens in place of its dataset and tokenizer (the trainer's ``dataloader`` / ``tokenizer``
 configs); after its first step it calls ``torch.distributed.set_timeout``, which torch
-2.13 lacks, so that call is skipped. Control: the loss given the other rank's labels.
+2.13 lacks, so that call is skipped. Control: the gradients given the other rank's labels.
 """
 from __future__ import annotations
 
@@ -171,4 +171,9 @@ def test_negative_control_the_other_ranks_labels(tmp_path, _fresh_seed):
     seed = _fresh_seed % 10000
     one = run_ranks(_body, 1, args=(seed, 1, str(tmp_path / "one")), timeout=900, fresh=True)[0]
     results = run_ranks(_body, 2, args=(seed, 2, str(tmp_path / "cp"), True), timeout=900, fresh=True)
-    assert all(abs(r["losses"][0][0] - one["losses"][0][0]) > 1e-3 * one["losses"][0][0] for r in results.values())
+    # Judged on the first step's gradients, not the loss: an untrained model's predictions are
+    # near-uniform, so the other rank's labels move the loss by as little as 1e-4 of it (a CI
+    # seed), while the head's gradient rows follow the labels.
+    for rank, r in results.items():
+        grads = [relative_error(g, h) for g, h in zip(r["grads"][0], one["grads"][0])]
+        assert max(grads) > 1e-2, f"rank {rank}: {grads}"
