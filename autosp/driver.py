@@ -57,7 +57,7 @@ from autosp.ir.contract import (
 from autosp.ir.core import as_operation, body_ops, funcs, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.ir.ops import is_sdpa
-from autosp.options import CHECKPOINTING, MeshOptions, sp_pipeline  # noqa: F401  (CHECKPOINTING: re-exported)
+from autosp.options import MeshOptions, sp_pipeline
 from autosp.pipeline import PipelineOptions, run_pipeline
 from autosp.runtime import collectives, experts, fsdp
 from autosp.runtime.grad_sync import insert_sync_points, plan_buckets

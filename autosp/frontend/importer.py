@@ -36,10 +36,11 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
+from autosp.ir import stated
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context
 from autosp.ir.diagnostics import AutospError
-from autosp.runtime import experts, fsdp, recurrences
+from autosp.runtime import fsdp
 
 # Ops kept whole: attention is what autosp partitions, softmax is what it matches in
 # manual attention; activations and layer norm, because their decompositions save more
@@ -279,8 +280,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     while True:
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
-            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), experts.experts_as_token_ops(model), \
-                    recurrences.recurrences_as_ops(model), _custom_backwards() as functions, _state_kept(model), \
+            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), stated.substitutions(model), \
+                    _custom_backwards() as functions, _state_kept(model), \
                     flex.flex_as_dense():
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise

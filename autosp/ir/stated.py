@@ -12,6 +12,10 @@ Each record says, in one place, what the op is to every floor:
 - ``runtime``: the function (``module:name``) the emitted program calls, and where its
   torch op and fake are defined (importing the module registers them);
 - ``replaces``: the library function it stands for, and how the export finds it;
+- ``substitution``: the context manager (``module:name``, called with the model) inside
+  which the export calls the op in place of that function; the importer enters every
+  record's (:func:`substitutions`), so a new op needs no line outside its record and its
+  runtime module;
 - ``priced_by``: the cost model that chooses how it runs over the ranks, if any.
 
 The pass rules and the emitter read this table; ``docs/adding_a_model_family.md`` walks
@@ -19,9 +23,12 @@ one record end to end, and ``test_registry`` checks every record against the cod
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import torch
 
 TOKEN_WISE = "token-wise"
 RECURRENCE = "recurrence"
@@ -35,27 +42,39 @@ class StatedOp:
     layout: str
     runtime: str
     replaces: str
+    substitution: str
     priced_by: str | None = None
 
     def runtime_function(self) -> Callable:
         """The function the emitted program calls (its module imported: the op registered)."""
-        module, _, name = self.runtime.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _resolve(self.runtime)
+
+    def substitution_context(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The export substitution's context for ``model`` (its module imported)."""
+        return _resolve(self.substitution)(model)
+
+
+def _resolve(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 STATED_OPS: tuple[StatedOp, ...] = (
     StatedOp("torch.autosp.token_experts", TOKEN_WISE, "autosp.runtime.experts:token_experts",
              "a mixture-of-experts experts module (transformers' experts classes, torchtitan's RoutedExperts "
              "with a local dispatcher), matched by class while exporting: each token's output from its own "
-             "row and its routing"),
+             "row and its routing",
+             "autosp.runtime.experts:experts_as_token_ops"),
     StatedOp("torch.autosp.gated_delta_rule", RECURRENCE, "autosp.runtime.recurrences:gated_delta_rule",
              "transformers' torch_chunk_gated_delta_rule (Qwen3-Next, Qwen3.5), by name in the modeling modules "
              "of the model's layers; torchtitan's Qwen3.5 GatedDeltaKernel (autosp.titan), with packed "
              "documents as its starts",
+             "autosp.runtime.recurrences:gated_delta_rule_as_op",
              priced_by="autosp.cost.recurrence:choose_recurrence"),
     StatedOp("torch.autosp.mamba2_chunk_scan", RECURRENCE, "autosp.runtime.recurrences:mamba2_chunk_scan",
              "transformers' mamba2_chunk_scan (Granite-4 hybrid, Nemotron-H, Mamba2), by name in the modeling "
              "modules of the model's layers",
+             "autosp.runtime.recurrences:mamba2_chunk_scan_as_op",
              priced_by="autosp.cost.recurrence:choose_recurrence"),
 )
 _BY_NAME = {s.op: s for s in STATED_OPS}
@@ -69,3 +88,12 @@ def stated(name: str) -> StatedOp | None:
 def names(layout: str) -> tuple[str, ...]:
     """The stated ops placed as ``layout``."""
     return tuple(s.op for s in STATED_OPS if s.layout == layout)
+
+
+@contextlib.contextmanager
+def substitutions(model: torch.nn.Module) -> Iterator[None]:
+    """While exporting ``model``: every stated op's substitution entered (restored on exit)."""
+    with contextlib.ExitStack() as stack:
+        for record in STATED_OPS:
+            stack.enter_context(record.substitution_context(model))
+        yield

@@ -121,34 +121,40 @@ def _stated_mamba2_chunk_scan(original, path):
     return stated
 
 
-_KERNELS = {"torch_chunk_gated_delta_rule": _stated_gated_delta_rule, "mamba2_chunk_scan": _stated_mamba2_chunk_scan}
-
-
 @contextlib.contextmanager
-def recurrences_as_ops(model: torch.nn.Module):
+def _kernel_as_op(model: torch.nn.Module, kernel: str, make: Callable):
     """While exporting: every transformers modeling module ``model``'s layers come from
-    that defines one of the kernels calls its stated op instead, for the calls the
-    statement covers (no initial state, no final state wanted)."""
-    modules = {type(m).__module__ for m in model.modules()}
+    that defines ``kernel`` calls its stated op instead (``make(original, path)``), for the
+    calls the statement covers (no initial state, no final state wanted)."""
     patched = []
-    for name in sorted(modules):
+    for name in sorted({type(m).__module__ for m in model.modules()}):
         mod = sys.modules.get(name)
-        for kernel, make in _KERNELS.items():
-            original = getattr(mod, kernel, None) if mod is not None else None
-            if original is None:
-                continue
-            path = f"{name}:{kernel}"
-            _ORIGINALS[path] = original
-            setattr(mod, kernel, make(original, path))
-            patched.append((mod, kernel, original))
+        original = getattr(mod, kernel, None) if mod is not None else None
+        if original is None:
+            continue
+        path = f"{name}:{kernel}"
+        _ORIGINALS[path] = original
+        setattr(mod, kernel, make(original, path))
+        patched.append((mod, original))
     try:
         yield len(patched)
     finally:
-        for mod, kernel, original in patched:
+        for mod, original in patched:
             setattr(mod, kernel, original)
 
 
-# ----------------------------------------------------------------------------- the chain
+def gated_delta_rule_as_op(model: torch.nn.Module):
+    """The export substitution of ``autosp::gated_delta_rule`` (its registry record):
+    transformers' ``torch_chunk_gated_delta_rule``, by name in the model's modeling modules."""
+    return _kernel_as_op(model, "torch_chunk_gated_delta_rule", _stated_gated_delta_rule)
+
+
+def mamba2_chunk_scan_as_op(model: torch.nn.Module):
+    """The export substitution of ``autosp::mamba2_chunk_scan`` (its registry record):
+    transformers' ``mamba2_chunk_scan``, by name in the model's modeling modules."""
+    return _kernel_as_op(model, "mamba2_chunk_scan", _stated_mamba2_chunk_scan)
+
+
 class _Chained(torch.autograd.Function):
     """This rank's part of a recurrence: ``run(inputs, state) -> (out, final state)``, the
     state from the previous rank in, the state to the next out. Backward: the final

@@ -133,8 +133,9 @@ def test_adding_a_model_family_walks_the_code():
 
 def test_every_stated_op_record_holds():
     """Each record of the stated-op registry (autosp.ir.stated) is true of the code: its
-    runtime function exists and registered the torch op of its name, its layout is one
-    the pass rules place, and its cost model exists."""
+    runtime function exists and registered the torch op of its name with a fake, its
+    export substitution is a context manager that leaves a model without the library
+    function untouched, its layout is one the pass rules place, and its cost model exists."""
     import importlib
 
     import torch
@@ -146,6 +147,12 @@ def test_every_stated_op_record_holds():
         assert callable(record.runtime_function()), record
         short = record.op.removeprefix("torch.autosp.")
         assert hasattr(torch.ops.autosp, short), f"{record.op}: no torch.ops.autosp.{short} after importing its runtime"
+        opdef = torch._library.custom_ops._maybe_get_opdef(f"autosp::{short}")
+        assert opdef is not None and opdef._abstract_fn is not None, f"{record.op}: no fake"
+        model = torch.nn.Linear(2, 2)
+        with record.substitution_context(model):
+            pass
+        assert "forward" not in vars(model), record
         assert record.layout in (TOKEN_WISE, RECURRENCE), record
         assert record.op in (ops.TOKEN_WISE_OPERATORS if record.layout == TOKEN_WISE else ops.RECURRENCE_OPERATORS)
         if record.priced_by:
@@ -153,3 +160,12 @@ def test_every_stated_op_record_holds():
             assert callable(getattr(importlib.import_module(module), name)), record
         assert stated(record.op) is record and record.replaces
     assert stated("torch.aten.mm") is None
+
+
+def test_the_importer_names_no_stated_op_family():
+    """The importer enters the registry's substitutions, not a family's module by name."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "autosp" / "frontend" / "importer.py").read_text()
+    assert "stated.substitutions(model)" in text
+    for name in ("autosp.runtime import experts", "recurrences_as", "experts_as_token_ops", "_as_op("):
+        assert name not in text, name
