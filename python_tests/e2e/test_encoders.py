@@ -21,6 +21,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -108,8 +110,9 @@ def _body(rank, world, queue, seq, seed, drop_padding, options=None):
         attention.key_padded_attention = original
 
 
-@pytest.mark.parametrize("world,seq,strategy", [(2, 15, None), (4, 19, None), (2, 15, "ring")])
-def test_bert_with_key_padding_matches_single_device_without_an_s_by_s_mask(world, seq, strategy, _fresh_seed):
+@pytest.mark.parametrize("case", families.params("bert"))
+def test_bert_with_key_padding_matches_single_device_without_an_s_by_s_mask(case, _fresh_seed):
+    world, seq, strategy = case.world, case.seq, "ring" if case.has("ring") else None
     options = {"sp_strategy": strategy} if strategy else {}
     results = run_ranks(_body, world, args=(seq, _fresh_seed % 10000, False, options), timeout=600)
     for rank, r in results.items():

@@ -27,6 +27,8 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "GptOssConfig"):  # pragma: no cover
     pytest.skip("transformers without gpt-oss", allow_module_level=True)
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -97,18 +99,17 @@ def _run_case(strategy, seq, pad, seed, control=None, full=True, backend=None):
         ring._add_sinks, attention.heads_chunk = originals
 
 
-# (strategy, S, padding, with 3 AdamW steps and the growth, backend): S divisible by P and not, at both P
-CASES = {2: [("ulysses", 15, True, True, None), ("ring", 16, False, True, None), ("ring", 15, False, False,
-                                                                                 "aot_eager")],
-         4: [("ulysses", 19, False, True, None), ("hybrid", 19, True, True, None), ("ulysses", 20, True, True, None)]}
-
-
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{st} S={s} pad={p}{' ' + b if b else ''}": _run_case(st, s, p, seed + i, full=full, backend=b)
-                      for i, (st, s, p, full, b) in enumerate(CASES[world])}))
+    # (variant words: the strategy; pad; full = 3 AdamW steps and the growth; a backend)
+    out = {}
+    for i, case in enumerate(families.at("gpt_oss", world)):
+        strategy, backend = case.variant[0], "aot_eager" if case.has("aot_eager") else None
+        out[case.id()] = _run_case(strategy, case.seq, case.has("pad"), seed + i, full=case.has("full"),
+                                   backend=backend)
+    queue.put((rank, out))
 
 
-@pytest.mark.parametrize("world", sorted(CASES))
+@pytest.mark.parametrize("world", families.worlds("gpt_oss"))
 def test_gpt_oss_matches_single_device(world, _fresh_seed):
     results = run_ranks(_body, world, args=(_fresh_seed % 10000,), timeout=600)
     for rank, by_case in results.items():

@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -62,8 +64,9 @@ def _check(rank, queue, seq, seed):
 
 
 # S not divisible by P at P = 2, divisible at P = 4 (suite time: each case compiles per rank).
-@pytest.mark.parametrize("world, seq", [(2, 15), (4, 32)], ids=["P2-S15", "P4-S32"])
-def test_falcon_one_kv_head_matches_single_device(world, seq, _fresh_seed):
+@pytest.mark.parametrize("case", families.params("falcon"))
+def test_falcon_one_kv_head_matches_single_device(case, _fresh_seed):
+    world, seq = case.world, case.seq
     results = run_ranks(_body, world, args=(seq, _fresh_seed % 10000, False), timeout=300)
     print(f"falcon P={world} S={seq}: {results}")
     for rank, r in results.items():

@@ -13,6 +13,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -96,16 +98,12 @@ def _body(rank, world, queue, kind, attn, seq, extra, seed, steps):
 
 
 # Trainer-style calls (position_ids, padding masks, packed documents) of Llama, Qwen2 and
-# Mistral, with their memory: test_trainer_calls.py.
-CASES = [
-    ("llama", "sdpa", 2, 16, ""), ("llama", "eager", 2, 15, ""), ("llama", "eager", 2, 16, "mask,left_pad"),
-    ("gpt2", "eager", 2, 16, ""), ("gpt2", "sdpa", 2, 15, "mask"), ("llama", "sdpa", 4, 33, ""),
-]
-
-
-@pytest.mark.parametrize("kind, attn, world, seq, extra", CASES,
-                         ids=[f"{k}-{a}-P{w}-S{s}-{e or 'plain'}" for k, a, w, s, e in CASES])
-def test_hf_model_matches_single_device(kind, attn, world, seq, extra, _fresh_seed):
+# Mistral, with their memory: test_trainer_calls.py. (Variant words: the attention
+# implementation, then the batch's padding.)
+@pytest.mark.parametrize("kind, case", families.params("llama", lead=("llama",)) +
+                         families.params("gpt2", lead=("gpt2",)))
+def test_hf_model_matches_single_device(kind, case, _fresh_seed):
+    world, seq, attn, extra = case.world, case.seq, case.variant[0], ",".join(case.variant[1:])
     results = run_ranks(_body, world, args=(kind, attn, seq, extra, _fresh_seed % 10000, 0), timeout=300)
     for rank, r in results.items():
         assert r["outputs"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"

@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -60,8 +62,9 @@ def _parity_body(rank, world, queue, seq, seed, control):
     queue.put((rank, {"outputs": report.max_output_error, "grads": report.max_grad_error}))
 
 
-@pytest.mark.parametrize("world, seq", [(2, 31), (4, 34)], ids=["P2-S31", "P4-S34"])
-def test_neox_matches_single_device(world, seq, _fresh_seed):
+@pytest.mark.parametrize("case", families.params("gpt_neox"))
+def test_neox_matches_single_device(case, _fresh_seed):
+    world, seq = case.world, case.seq
     results = run_ranks(_parity_body, world, args=(seq, _fresh_seed % 10000, False), timeout=300)
     for rank, r in results.items():
         assert r["outputs"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"

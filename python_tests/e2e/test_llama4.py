@@ -27,6 +27,8 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Llama4TextConfig"):  # pragma: no cover
     pytest.skip("transformers without Llama 4", allow_module_level=True)
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -114,17 +116,13 @@ def _run_case(strategy, seq, seed, control=None, full=True):
         attention.document_attention = original
 
 
-# (strategy, S, with 3 AdamW steps and the growth S -> 2S -> 4S): S divisible by P and not, at both P
-CASES = {2: [("ulysses", 15, True), ("ring", 16, True)], 4: [("ulysses", 19, True), ("hybrid", 19, True),
-                                                             ("ulysses", 20, True)]}
-
-
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{st} S={s}": _run_case(st, s, seed + i, full=full)
-                      for i, (st, s, full) in enumerate(CASES[world])}))
+    # (variant words: the strategy; full = 3 AdamW steps and the growth S -> 2S -> 4S)
+    queue.put((rank, {case.id(): _run_case(case.variant[0], case.seq, seed + i, full=case.has("full"))
+                      for i, case in enumerate(families.at("llama4", world))}))
 
 
-@pytest.mark.parametrize("world", sorted(CASES))
+@pytest.mark.parametrize("world", families.worlds("llama4"))
 def test_llama4_matches_single_device(world, _fresh_seed):
     results = run_ranks(_body, world, args=(_fresh_seed % 10000,), timeout=600)
     for rank, by_case in results.items():

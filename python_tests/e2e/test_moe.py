@@ -27,6 +27,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import families  # noqa: E402
+
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
 TOL = 1e-5
@@ -180,14 +182,13 @@ def _run_case(name, seq, seed, control=False):
             restore()
 
 
-CASES = {2: [("mixtral", 15), ("mixtral_masked", 15), ("qwen3_moe", 15), ("hand", 15)], 4: [("mixtral", 19)]}
-
-
 def _body(rank, world, queue, seed):
-    queue.put((rank, {f"{n} S={s}": _run_case(n, s, seed + i) for i, (n, s) in enumerate(CASES[world])}))
+    # (variant word: the model)
+    queue.put((rank, {f"{case.variant[0]} {case.id()}": _run_case(case.variant[0], case.seq, seed + i)
+                      for i, case in enumerate(families.at("moe", world))}))
 
 
-@pytest.mark.parametrize("world", sorted(CASES))
+@pytest.mark.parametrize("world", families.worlds("moe"))
 def test_moe_models_match_single_device(world, _fresh_seed):
     results = run_ranks(_body, world, args=(_fresh_seed % 10000,), timeout=600)
     for rank, by_case in results.items():

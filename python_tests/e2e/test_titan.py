@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 
+import families  # noqa: E402
 import pytest
 import torch
 
@@ -132,8 +133,10 @@ def _body(rank, world, queue, seed, outside_sum, family="llama3"):
                           keys=sorted(model.state_dict())[:3])))
 
 
-@pytest.mark.parametrize("family,world", [("llama3", 2), ("llama3", 4), ("muse_glimmer", 2)])
-def test_torchtitan_models_train_like_one_process(family, world, _fresh_seed):
+@pytest.mark.parametrize("family,case", families.params("titan_llama3", lambda c: not c.has("uneven"), ("llama3",)) +
+                         families.params("titan_muse_glimmer", lambda c: not c.has("uneven"), ("muse_glimmer",)))
+def test_torchtitan_models_train_like_one_process(family, case, _fresh_seed):
+    world = case.world
     results = run_ranks(_body, world, args=(_fresh_seed % 10000, True, family), timeout=600)
     for rank, r in results.items():
         assert r["forward"] <= TOL, f"rank {rank}: the forward against FlexAttention: {r['forward']:.2e}"
@@ -191,13 +194,14 @@ def _moe_body(rank, world, queue, seed, fp32_experts, seq=SEQ):
     queue.put((rank, result))
 
 
-@pytest.mark.parametrize("fp32_experts,world,seq", [(True, 2, SEQ), (False, 2, SEQ), (True, 4, 130)])
-def test_torchtitan_qwen3_moe_in_train_mode(fp32_experts, world, seq, _fresh_seed):
+@pytest.mark.parametrize("case", families.params("titan_qwen3_moe"))
+def test_torchtitan_qwen3_moe_in_train_mode(case, _fresh_seed):
     """qwen3 ``debugmodel_moe`` (2 layers): router, token dispatcher (its sort), grouped
     experts, and the ``tokens_per_expert`` counters every rank holds for the whole batch.
     torchtitan runs its experts in bf16 in an fp32 model: the split over ranks changes the
     order its bf16 weight gradients are summed in, so there they are held to bf16's
     precision (2e-2); with the experts' matmuls in fp32 every gradient is held to 1e-5."""
+    world, seq, fp32_experts = case.world, case.seq, case.has("fp32_experts")
     results = run_ranks(_moe_body, world, args=(_fresh_seed % 10000, fp32_experts, seq), timeout=600, fresh=True)
     for rank, r in results.items():
         assert r["loss"] <= TOL, f"rank {rank}: {r}"
@@ -234,8 +238,10 @@ def _uneven_body(rank, world, queue, seed, seq, family="llama3"):
                                                                                   reference.parameters())))))
 
 
-@pytest.mark.parametrize("family,world,seq", [("llama3", 2, 127), ("llama3", 4, 130), ("muse_glimmer", 4, 130)])
-def test_torchtitan_models_with_a_length_the_ranks_do_not_divide(family, world, seq, _fresh_seed):
+@pytest.mark.parametrize("family,case", families.params("titan_llama3", lambda c: c.has("uneven"), ("llama3",)) +
+                         families.params("titan_muse_glimmer", lambda c: c.has("uneven"), ("muse_glimmer",)))
+def test_torchtitan_models_with_a_length_the_ranks_do_not_divide(family, case, _fresh_seed):
+    world, seq = case.world, case.seq
     results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq, family), timeout=600,
                         fresh=family != "llama3")
     for rank, r in results.items():
