@@ -312,3 +312,38 @@ func.func @gated_delta_rule_documents(%x: !torch.vtensor<[2,4,?,8],f32> {autosp.
   torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
   return %a, %o : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,?,4,8],f32>
 }
+
+// -----
+
+// A model whose only sequence mixing is a stated recurrence (a pure SSM): no attention to
+// partition, the recurrence partitioned and priced as in a hybrid, the mesh's reason says so.
+// (the module's attributes print before its function's label)
+// CHECK: autosp.sp_choice = "no attention: recurrences only; recurrences: gated_delta_rule (4 heads, {{.*}}) on 2 ranks: prefix; priced
+// CHECK-LABEL: func.func @recurrence_only
+// CHECK: torch.operator "torch.autosp.gated_delta_rule"{{.*}}{autosp.scan_method = "prefix"}
+// RING: autosp.sp_choice = "no attention: recurrences only (strategy 'ring' has no attention to apply to)
+// RING-LABEL: func.func @recurrence_only
+// HEADS-LABEL: func.func @recurrence_only
+// HEADS: "autosp.all_to_all"(%arg0
+// HEADS: torch.operator "torch.autosp.gated_delta_rule"
+// CHAIN-LABEL: func.func @recurrence_only
+// CHAIN: torch.operator "torch.autosp.gated_delta_rule"{{.*}}{autosp.scan_method = "chain"}
+func.func @recurrence_only(%gq: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64},
+                           %gk: !torch.vtensor<[2,?,2,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 1 : i64},
+                           %gv: !torch.vtensor<[2,?,4,8],f32> {autosp.input = "args[2]", autosp.seq_dim = 1 : i64},
+                           %gg: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[3]", autosp.seq_dim = 1 : i64},
+                           %gb: !torch.vtensor<[2,?,4],f32> {autosp.input = "args[4]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,4,8],f32> {
+  %true = torch.constant.bool true
+  %int64 = torch.constant.int 64
+  %str = torch.constant.str "transformers.models.qwen3_next.modeling_qwen3_next:torch_chunk_gated_delta_rule"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %gq, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gk, [%s], affine_map<()[s0] -> (2, s0, 2, 8)> : !torch.vtensor<[2,?,2,8],f32>
+  torch.bind_symbolic_shape %gv, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %gg, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  torch.bind_symbolic_shape %gb, [%s], affine_map<()[s0] -> (2, s0, 4)> : !torch.vtensor<[2,?,4],f32>
+  %o = torch.operator "torch.autosp.gated_delta_rule"(%gq, %gk, %gv, %gg, %gb, %true, %int64, %str) : (!torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,2,8],f32>, !torch.vtensor<[2,?,4,8],f32>, !torch.vtensor<[2,?,4],f32>, !torch.vtensor<[2,?,4],f32>, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2,?,4,8],f32>
+  torch.bind_symbolic_shape %o, [%s], affine_map<()[s0] -> (2, s0, 4, 8)> : !torch.vtensor<[2,?,4,8],f32>
+  return %o : !torch.vtensor<[2,?,4,8],f32>
+}

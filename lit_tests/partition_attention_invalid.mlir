@@ -34,7 +34,7 @@ func.func @kv_heads(%q: !torch.vtensor<[2,12,?,8],f32> {autosp.input = "args[0]"
 // -----
 
 // No attention: nothing to partition.
-// expected-error@+1 {{has no attention to partition}}
+// expected-error@+1 {{has no attention or recurrence to partition}}
 func.func @no_attention(%x: !torch.vtensor<[2,?],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64}) -> !torch.vtensor<[2,?],f32> {
   %s = torch.symbolic_int "s0" {min_val = 2, max_val = 100} : !torch.int
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>

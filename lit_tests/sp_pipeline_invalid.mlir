@@ -1,7 +1,7 @@
 // RUN: autosp-opt %s --split-input-file --verify-diagnostics --autosp-sp-pipeline=sp-size=4
 
 // No attention: nothing mixes the sequence, there is nothing to partition.
-// expected-error@+1 {{has no attention to partition}}
+// expected-error@+1 {{has no attention or recurrence to partition}}
 func.func @no_attention(%x: !torch.vtensor<[2,?],f32> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64}) -> !torch.vtensor<[2,?],f32> {
   %s = torch.symbolic_int "s0" {min_val = 2, max_val = 100} : !torch.int
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>

@@ -192,6 +192,9 @@ def choose_mesh(module, info: SequenceInfo, options: PartitionAttention):
     h, kv = (heads[0][1], heads[0][2]) if heads else (None, None)
     strategy, ring = options.strategy, options.ring_degree
     forced_ring = strategy in ("ring", "hybrid") or ring > 1
+    if not info.attention:  # recurrences only: each is priced by partition_recurrences
+        why = f" (strategy '{strategy}' has no attention to apply to)" if forced_ring else ""
+        return Choice(Candidate(options.sp_size, 1, 1, 0.0, 0.0, 0.0), f"no attention: recurrences only{why}")
     if h is None or kv is None:  # manual attention (or dynamic heads): Ulysses only, as before
         if forced_ring:
             raise DiagnosticError.at(info.attention[0][0], "ring attention needs SDPA with static head counts")

@@ -189,6 +189,7 @@ class SequenceInfo:
     dims: dict = field(default_factory=dict)  # ir.Value -> [None | SeqExpr per dim], for tensors touching S
     scalars: dict = field(default_factory=dict)  # ir.Value -> SeqExpr, for !torch.int values depending on S
     attention: list = field(default_factory=list)  # (op, AttentionKind)
+    recurrences: list = field(default_factory=list)  # stated linear recurrences along the sequence
 
     def seq_dims(self, value) -> list[int]:
         """Indices of the dimensions of ``value`` whose size depends on S."""
@@ -293,11 +294,14 @@ def analyze_sequence(module, require_attention: bool = True) -> SequenceInfo:
             info.attention.append((op, AttentionKind.SDPA))
         elif name in ops.SOFTMAX_OPS and len(info.seq_dims(op.operands[0])) >= 2:
             info.attention.append((op, AttentionKind.MANUAL))
+        elif ops.operator_name(op) in ops.RECURRENCE_OPERATORS and op.operands and info.seq_dims(op.operands[0]):
+            info.recurrences.append(op)
 
-    if require_attention and not info.attention:
-        raise DiagnosticError.at(func, "has no attention to partition: found no "
-                                       "torch.aten.scaled_dot_product_attention and no softmax over a "
-                                       "[..., S, S] score tensor (matmul -> softmax -> matmul)")
+    if require_attention and not info.attention and not info.recurrences:
+        raise DiagnosticError.at(func, "has no attention or recurrence to partition: found no "
+                                       "torch.aten.scaled_dot_product_attention, no softmax over a "
+                                       "[..., S, S] score tensor (matmul -> softmax -> matmul) and no "
+                                       "stated recurrence (autosp.ir.stated) over the sequence")
     return info
 
 

@@ -41,6 +41,7 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3NextConfig"):  # pragma: no cover
     pytest.skip("transformers without Qwen3-Next", allow_module_level=True)
 
+import families  # noqa: E402
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
@@ -379,6 +380,69 @@ def test_granite4_hybrid_matches_single_device(world, _fresh_seed):
         assert all(g <= TOL and q <= TOL for g, q in div["steps"]), (rank, div)
         if world == 2:
             assert saved[("sp", 64)] <= 0.65 * saved[("one", 64)], where
+
+
+def _mamba2():
+    cfg = transformers.Mamba2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+                                    state_size=16, expand=2, n_groups=1, chunk_size=8, use_cache=False)
+    return _long_memory(transformers.Mamba2ForCausalLM(cfg).float())
+
+
+def _mamba2_body(rank, world, queue, seed, control=False):
+    """A pure SSM (no attention at all): each of the family's cases at this P, parity, 3
+    AdamW steps and the bytes kept for backward at 2S against S. ``control``: every rank's
+    incoming state dropped (chain and prefix alike)."""
+    import autosp
+    from autosp.runtime import recurrences
+    from autosp.testing.parity import adamw_steps, parity, saved_growth
+    part, prefix = recurrences._part, recurrences._prefix
+    if control:
+        recurrences._part = lambda run, inputs, state: part(run, inputs, torch.zeros_like(state))
+        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
+    out = {}
+    try:
+        for i, case in enumerate(families.at("mamba2", world)[:1] if control else families.at("mamba2", world)):
+            torch.manual_seed(seed + i)
+            model = _mamba2()
+            reference = copy.deepcopy(model)
+            compiled = autosp.compile(model, gather_outputs=True)
+            gen = torch.Generator().manual_seed(seed + i)
+            ids = torch.randint(0, VOCAB, (2, case.seq), generator=gen)
+            loss_of = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = parity(reference, compiled, input_ids=ids, labels=ids)
+                ir = compiled.programs[0].mlir["transformed"]
+                r = {"outputs": report.outputs, "grads": report.max_grad_error, "method": _methods(ir),
+                     "attention": ir.count("scaled_dot_product_attention")}
+                if not control:
+                    r["steps"] = adamw_steps(reference, model, compiled, loss_of,
+                                             [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
+                    r["saved_growth"] = saved_growth(compiled, model, loss_of,
+                                                     [torch.randint(0, VOCAB, (2, n), generator=gen) for n in (64, 128)])
+            out[case.id()] = r
+    finally:
+        recurrences._part, recurrences._prefix = part, prefix
+    queue.put((rank, out))
+
+
+@pytest.mark.parametrize("world", families.worlds("mamba2"))
+def test_pure_mamba2_without_attention_matches_single_device(world, _fresh_seed):
+    """Mamba2ForCausalLM: its only sequence mixing is the SSD scan (no attention to
+    partition); each layer's scan runs over the ranks as in the hybrids."""
+    results = run_ranks(_mamba2_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            where = f"rank {rank}, {case}: {r}"
+            assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
+            assert all(g <= TOL and q <= TOL for g, q in r["steps"]), where
+            assert len(r["method"]) == 2 and r["attention"] == 0, where  # both layers' scans sharded
+            assert r["saved_growth"] <= 2.3, where
+
+
+def test_negative_control_pure_mamba2_without_the_state_is_wrong(_fresh_seed):
+    results = run_ranks(_mamba2_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
+    assert min(max(r["outputs"].values()) for by_case in results.values() for r in by_case.values()) > 1e-3, results
 
 
 def _bytes_body(rank, world, queue, seed, method):
