@@ -637,3 +637,32 @@ func.func @buffer_write_sharded(%w: !torch.vtensor<[64,32],f32> {autosp.paramete
   // expected-error@+1 {{writes a buffer (result 0) with a value that is}}
   return %e : !torch.vtensor<[2,?,32],f32>
 }
+
+// -----
+
+// A size from max(S, 4) (torch.sym_max, imported as prim.max.int) has no affine binding:
+// a tensor of that length added to the sequence cannot be cut to each rank's part.
+func.func @unbound_size_meets_the_sequence(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                                           %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-1 = torch.constant.int -1
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int4 = torch.constant.int 4
+  %int6 = torch.constant.int 6
+  %false = torch.constant.bool false
+  %none = torch.constant.none
+  %cpu = torch.constant.device "cpu"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %n = torch.aten.size.int %ids, %int1 : !torch.vtensor<[2,?],si64>, !torch.int -> !torch.int
+  %m = torch.prim.max.int %n, %int4 : !torch.int, !torch.int -> !torch.int
+  %r = torch.aten.arange.start_step %int0, %m, %int1, %int6, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],f32>
+  %c = torch.aten.unsqueeze %r, %int1 : !torch.vtensor<[?],f32>, !torch.int -> !torch.vtensor<[?,1],f32>
+  // expected-error@+1 {{'torch.aten.add.Tensor' op pairs the sequence (dim 1 of its result) with dim 0 of an operand !torch.vtensor<[?,1],f32> whose dynamic size autosp cannot relate to the sequence length}}
+  %y = torch.aten.add.Tensor %e, %c, %int1 : !torch.vtensor<[2,?,32],f32>, !torch.vtensor<[?,1],f32>, !torch.int -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %y : !torch.vtensor<[2,?,32],f32>
+}

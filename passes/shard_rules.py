@@ -215,6 +215,7 @@ class Rules:
                     window = self.window_of_replicated(v, dims[0])
                     if window is not None:
                         self.check_token_wise(op, kind, tensor_operands)
+                        self.check_sizes_known(op, kind, tensor_operands, layouts, res_dims[0])
                         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
                     break
             raise DiagnosticError.at(op, "starts sequence-sharded work from an operand whose sequence size "
@@ -301,6 +302,7 @@ class Rules:
                                          "cannot shard it")
         self.check_opaque(op, kind)
         self.check_token_wise(op, kind, tensor_operands)
+        self.check_sizes_known(op, kind, tensor_operands, layouts, res_dims[0])
         return Decision(SequenceSharded(res_dims[0], window), Action.SHARD_OPERANDS)
 
     # ---------------------------------------------------------------- selections and reductions
@@ -435,6 +437,30 @@ class Rules:
                                          "(a convolution, pooling or normalisation over positions); each rank holds "
                                          "only part of it, so autosp cannot shard this op")
         self.check_keeps_length(op, tensor_operands)
+
+    def check_sizes_known(self, op, kind: OpClass, tensor_operands: list, layouts: list, res_dim: int) -> None:
+        """Diagnose a token-wise op about to be sharded along its result's dim ``res_dim``
+        that broadcasts against it an operand dim of dynamic size the sequence analysis
+        cannot relate to S (a ``max``/``min`` of sizes, ``prim.max.int``, has no affine
+        binding): the rewriter would leave that operand whole and each rank would pair its
+        part of the sequence with all of it (a size mismatch at run time, or a silent wrong
+        pairing where it happens to broadcast)."""
+        if kind is not OpClass.POINTWISE or not op.results:
+            return
+        result = vtensor_shape(op.results[0].type)
+        if result is None:
+            return
+        for v, lay in zip(tensor_operands, layouts):
+            shape = vtensor_shape(v.type)
+            if shape is None or isinstance(lay, SequenceSharded):
+                continue
+            j = res_dim - (len(result[0]) - len(shape[0]))  # broadcasting aligns the trailing dims
+            if 0 <= j < len(shape[0]) and shape[0][j] is None and self.info.length(v, j) is None:
+                raise DiagnosticError.at(op, f"pairs the sequence (dim {res_dim} of its result) with dim {j} of an "
+                                             f"operand {v.type} whose dynamic size autosp cannot relate to the "
+                                             "sequence length (a max, min or condition of sizes, e.g. max(S, n)); "
+                                             "each rank would pair its part of the sequence with all of it. Compute "
+                                             "that size with +, -, *, // or % of the sequence length")
 
     def decide_masked_scatter(self, op, layouts, res_dims, window) -> Decision:
         """``masked_scatter(x, mask, source)`` reads the source in the order of the whole

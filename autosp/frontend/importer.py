@@ -373,8 +373,8 @@ def frontend_error(e: Exception, diagnostics: list[str]) -> AutospError:
     hint = ("rewrite that line with ops torch-mlir lowers, or call it through a custom op "
             "(torch.library.custom_op) so it stays one opaque op")
     if function:
-        hint = ("compute that size with +, -, *, // or % of other sizes (the importer has no max, min or "
-                "condition on sizes), or make it a constant")
+        hint = ("compute that size with +, -, *, //, % or an integer max/min of other sizes (the importer has "
+                "no max or min of float sizes and no condition on sizes), or make it a constant")
     first = next((d for d in diagnostics if "error" in d.lower()), None) or text.splitlines()[0]
     return AutospError(f"torch-mlir could not import the model's {op or 'program'}"
                        f"{f' (at {where})' if where else ''}: {type(e).__name__}: {_first_lines(first, 3)}\n"

@@ -8,14 +8,21 @@ translator, which the original calls recursively by name.
 """
 from __future__ import annotations
 
-from torch.utils._sympy.functions import CeilDiv, FloorDiv
+import sympy
+from torch.utils._sympy.functions import CeilDiv, FloorDiv, MinMaxBase
 from torch_mlir import ir
 from torch_mlir.extras import fx_importer
 
 _original = fx_importer.sympy_expr_to_semi_affine_expr
 
 
+class NotAffine(NotImplementedError):
+    """A size expression affine maps cannot hold (``Max``/``Min`` of sizes)."""
+
+
 def _translate(expr, symbols_map):
+    if isinstance(expr, (sympy.Max, sympy.Min, MinMaxBase)):
+        raise NotAffine(f"the symbolic size '{expr}' ({type(expr).__name__}) is not affine")
     if isinstance(expr, FloorDiv):
         a, b = expr.args
         return ir.AffineFloorDivExpr.get(_translate(a, symbols_map), _translate(b, symbols_map))
@@ -24,6 +31,8 @@ def _translate(expr, symbols_map):
         return ir.AffineCeilDivExpr.get(_translate(a, symbols_map), _translate(b, symbols_map))
     try:
         return _original(expr, symbols_map)
+    except NotAffine:
+        raise
     except NotImplementedError:
         raise NotImplementedError(
             f"autosp cannot express the symbolic size '{expr}' ({type(expr).__name__}) as an affine "
@@ -31,23 +40,52 @@ def _translate(expr, symbols_map):
             "length") from None
 
 
+_original_bind = fx_importer.GraphNodeImporter._create_bind_symbolic_shape_ops
+
+
+def _bind_where_affine(self, loc, node):
+    """torch-mlir's shape binding of ``node``, left out where a size is a ``Max``/``Min``
+    of sizes (``torch.sym_max``, read as ``prim.max.int``): the tensor's dim stays dynamic
+    and unbound, so the sequence analysis does not take it for a sequence dim."""
+    try:
+        _original_bind(self, loc, node)
+    except NotAffine:
+        pass
+
+
 def install() -> None:
-    """Idempotently route torch-mlir's translator through :func:`_translate`."""
+    """Idempotently route torch-mlir's translator through :func:`_translate` (and its
+    shape bindings through :func:`_bind_where_affine`)."""
     fx_importer.sympy_expr_to_semi_affine_expr = _translate
+    fx_importer.GraphNodeImporter._create_bind_symbolic_shape_ops = _bind_where_affine
 
 
 def rewrite_sym_float(graph) -> int:
-    """``torch.sym_float(n)`` of a symbolic int (``0.0 + x.shape[0]``, as Mixtral's and
-    Qwen-MoE's ``load_balancing_loss_func`` count rows) becomes ``aten.Float.Scalar(n)``,
-    the op torch-mlir's importer itself uses to promote a symbolic int (it has no handler
-    for ``sym_float``). Returns how many nodes were rewritten."""
+    """Python functions of sizes the importer has no handler for, as the ops it imports:
+
+    - ``torch.sym_float(n)`` of a symbolic int (``0.0 + x.shape[0]``, as Mixtral's and
+      Qwen-MoE's ``load_balancing_loss_func`` count rows) becomes ``aten.Float.Scalar(n)``,
+      the op torch-mlir's importer itself uses to promote a symbolic int;
+    - ``torch.sym_max(a, b)`` / ``torch.sym_min(a, b)`` of ints (``max(seq_len, n)`` in
+      MPT's ALiBi, ``min(S, window)``) become ``prim.max.int`` / ``prim.min.int``
+      (``torch.prim.max.int`` in the torch dialect).
+
+    Returns how many nodes were rewritten."""
     import torch
+    targets = {torch.sym_float: torch.ops.aten.Float.Scalar, torch.sym_max: torch.ops.prim.max.int,
+               torch.sym_min: torch.ops.prim.min.int}
     count = 0
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.sym_float:
-            node.target = torch.ops.aten.Float.Scalar
+        if node.op == "call_function" and node.target in targets and \
+                (node.target is torch.sym_float or all(isinstance(_value(a), (int, torch.SymInt)) for a in node.args)):
+            node.target = targets[node.target]
             count += 1
     return count
+
+
+def _value(arg):
+    """An FX argument's value as traced (a node's ``val``), or the constant itself."""
+    return arg.meta.get("val") if hasattr(arg, "meta") else arg
 
 
 def rewrite_tensor_checks(graph, signature=None) -> int:

@@ -198,3 +198,57 @@ def _ddp_body(rank, world, queue, seed):
 def test_composes_with_ddp_on_the_data_parallel_dimension(_fresh_seed):
     results = run_ranks(_ddp_body, 4, args=(_fresh_seed % 10000,), timeout=300)
     assert max(results.values()) <= TOL, results
+
+
+class _MaxMinSizes(torch.nn.Module):
+    """Sizes from ``max``/``min`` of the sequence length (torch.sym_max / sym_min under
+    export): a position table of ``max(S, 4)`` entries cut to S, scaled by ``1 / min(S, 64)``
+    (``paired``: the table cut to ``min(S, 64)`` instead, so its length is not one the
+    compiler can relate to S, and it is added to the sequence)."""
+
+    def __init__(self, paired=False):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+        self.lin = torch.nn.Linear(8, 8)
+        self.paired = paired
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, s, _ = x.shape
+        n, m = max(s, 4), min(s, 64)
+        pos = torch.arange(n)[:m if self.paired else s].float() / m
+        q = (self.lin(x) + pos[:, None]).view(b, s, 4, 2).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def _max_min_body(rank, world, queue, seed, paired):
+    import autosp
+    from autosp.testing.parity import parity
+    torch.manual_seed(seed)
+    model = _MaxMinSizes(paired)
+    reference = copy.deepcopy(model)
+    compiled = autosp.compile(model, gather_outputs=True)
+    out = {}
+    for s in (15,) if paired else (15, 3, 70):  # one program (S = 3 < 4, S = 70 > 64)
+        ids = torch.randint(0, 32, (2, s), generator=torch.Generator().manual_seed(seed + s))
+        try:
+            report = parity(reference, compiled, ids)
+            out[s] = (report.max_output_error, report.max_grad_error)
+        except autosp.AutospError as e:
+            out[s] = str(e)
+    queue.put((rank, dict(out=out, programs=len(compiled.programs))))
+
+
+def test_sizes_from_max_and_min_of_the_sequence_length(_fresh_seed):
+    """``max``/``min`` of sizes import (``prim.max.int``/``prim.min.int``) and run; where
+    such a size meets the sequence the compiler cannot cut it to each rank's part and says
+    so at the model's line, instead of a size mismatch at run time (the control)."""
+    results = run_ranks(_max_min_body, 2, args=(_fresh_seed % 10000, False), timeout=300)
+    for rank, r in results.items():
+        assert all(isinstance(v, tuple) and max(v) <= 1e-5 for v in r["out"].values()), (rank, r)
+        assert r["programs"] == 1, r
+    results = run_ranks(_max_min_body, 2, args=(_fresh_seed % 10000, True), timeout=300)
+    for rank, r in results.items():
+        message = r["out"][15]
+        assert isinstance(message, str) and "cannot relate to the sequence length" in message, (rank, r)
+        assert "test_sequence_parallel.py" in message and "aten.add.Tensor" in message, message

@@ -150,12 +150,39 @@ class _SizeMax(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.randn(8, 8))
 
     def forward(self, x):
-        n = torch.sym_max(x.shape[1], 4)  # the line the error must name
-        return (x @ self.w).new_zeros(n).sum() + (x @ self.w).sum()
+        n = torch.sym_max(x.shape[1] / 2, 4.0)  # the line the error must name (a float max: no handler)
+        return (x @ self.w).sum() * n
+
+
+class _SizeMaxMin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        n, m = max(x.shape[1], 4), min(x.shape[1], 64)  # (torch.sym_max / torch.sym_min under export)
+        return (x @ self.w).new_ones(n).sum() / m + (x @ self.w).sum()
+
+
+def test_integer_max_and_min_of_sizes_import_as_prim_ops():
+    """``max``/``min`` of int sizes (MPT's ALiBi, windows) import as ``torch.prim.max.int`` /
+    ``torch.prim.min.int``; a tensor sized by one gets no shape binding (affine maps hold
+    no max), so the sequence analysis never takes it for the sequence."""
+    x = torch.randn(2, 16, 8)
+    model = _SizeMaxMin()
+    imported = autosp.import_model(model, x)
+    text = str(imported.module)
+    assert "torch.prim.max.int" in text and "torch.prim.min.int" in text, text
+    assert "Max(" not in text and "max(" not in text.replace("prim.max", ""), text
+    for s in (16, 3, 100):  # one program for S under 4, between, over 64: the round trip runs them
+        y = torch.randn(2, s, 8)
+        out = autosp.emit_graph_module(imported.module)(*model.parameters(), y)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        assert torch.allclose(out, model(y)), s
 
 
 def test_an_import_failure_is_one_error_naming_the_op_the_line_and_what_to_do():
-    """torch-mlir's importer has no handler for ``sym_max``: the failure is one
+    """torch-mlir's importer has no handler for ``sym_max`` of floats: the failure is one
     AutospError naming the op, the model's own source line, the original message and a
     workaround, with the whole trace in a file (not "Failure while executing pass
     pipeline" with empty diagnostics)."""
