@@ -76,6 +76,10 @@ STATED_OPS: tuple[StatedOp, ...] = (
              "modules of the model's layers",
              "autosp.runtime.recurrences:mamba2_chunk_scan_as_op",
              priced_by="autosp.cost.recurrence:choose_recurrence"),
+    StatedOp("torch.autosp.selective_scan", RECURRENCE, "autosp.runtime.recurrences:selective_scan",
+             "transformers' mamba_selective_scan (Mamba-1's selective scan: Mamba, Falcon-Mamba, Jamba, Zamba; its "
+             "torch path loops over the positions), by name in the modeling modules of the model's layers",
+             "autosp.runtime.recurrences:selective_scan_as_op"),
 )
 _BY_NAME = {s.op: s for s in STATED_OPS}
 

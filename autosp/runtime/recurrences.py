@@ -1,11 +1,14 @@
-"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2): ops with stated semantics.
+"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2, Mamba-1): ops with stated semantics.
 
 transformers' torch paths of these layers call module-level functions:
 
 - ``torch_chunk_gated_delta_rule(q, k, v, g, beta, ...)`` (Qwen3-Next, Qwen3.5): the
   recurrent state is ``[B, H, dk, dv]``;
 - ``mamba2_chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, ...)`` (Granite-4 hybrid,
-  Nemotron-H, Mamba2): the SSD scan, state ``[B, H, head_dim, d_state]``.
+  Nemotron-H, Mamba2): the SSD scan, state ``[B, H, head_dim, d_state]``;
+- ``mamba_selective_scan(x, dt, A, B, C, D, z, delta_bias, ...)`` (Mamba, Falcon-Mamba,
+  Jamba, Zamba): Mamba-1's scan on ``[B, d_inner, S]``, state ``[B, d_inner, d_state]``;
+  its torch path is a Python loop over the positions.
 
 Each pads the sequence to a multiple of its chunk size and loops over the chunks,
 carrying the state from one to the next. Exported, the loop is unrolled for the example's
@@ -52,8 +55,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from autosp.ir.ops import GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN  # as they import (torch.operator)
+from autosp.ir.ops import GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN, SELECTIVE_SCAN  # as they import (torch.operator)
 from autosp.runtime import opaque
 
 
@@ -82,6 +86,27 @@ def mamba2_chunk_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
 @mamba2_chunk_scan_op.register_fake
 def _(x, dt, A, B, C, D, dt_bias, chunk, dt_softplus, dt_min, dt_max, kernel):
     return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32))
+
+
+@torch.library.custom_op("autosp::selective_scan", mutates_args=())
+def selective_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor | None, z: torch.Tensor | None, delta_bias: torch.Tensor | None,
+                      delta_softplus: bool, kernel: str) -> torch.Tensor:
+    """The stated Mamba-1 selective scan (export; the emitted program calls :func:`selective_scan`)."""
+    return selective_scan(x, dt, A, B, C, D, z, delta_bias, delta_softplus, kernel).contiguous()
+
+
+def _selective_dtype(x, D, z) -> torch.dtype:
+    """The kernel's output dtype: ``(scan + x * D) * silu(z)`` promotes."""
+    dtype = x.dtype
+    for t in (D, z):
+        dtype = torch.promote_types(dtype, t.dtype) if t is not None else dtype
+    return dtype
+
+
+@selective_scan_op.register_fake
+def _(x, dt, A, B, C, D, z, delta_bias, delta_softplus, kernel):
+    return x.new_empty(x.shape, dtype=_selective_dtype(x, D, z))
 
 
 def _kernel(path: str):
@@ -121,6 +146,19 @@ def _stated_mamba2_chunk_scan(original, path):
     return stated
 
 
+def _stated_selective_scan(original, path):
+    def stated(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+               return_last_state=False, **kwargs):
+        # (use_mambapy / use_associative_scan choose how the torch path computes the same scan)
+        if return_last_state:  # a cache wants the final state: the kernel as exported
+            return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                            delta_softplus=delta_softplus, return_last_state=return_last_state, **kwargs)
+        t = lambda v: None if v is None else v.transpose(1, 2)  # noqa: E731  ([B, D, S] -> [B, S, D])
+        return torch.ops.autosp.selective_scan(t(hidden_states), t(dt), A, t(B), t(C), D, t(z), delta_bias,
+                                               bool(delta_softplus), path).transpose(1, 2)
+    return stated
+
+
 @contextlib.contextmanager
 def _kernel_as_op(model: torch.nn.Module, kernel: str, make: Callable):
     """While exporting: every transformers modeling module ``model``'s layers come from
@@ -147,6 +185,13 @@ def gated_delta_rule_as_op(model: torch.nn.Module):
     """The export substitution of ``autosp::gated_delta_rule`` (its registry record):
     transformers' ``torch_chunk_gated_delta_rule``, by name in the model's modeling modules."""
     return _kernel_as_op(model, "torch_chunk_gated_delta_rule", _stated_gated_delta_rule)
+
+
+def selective_scan_as_op(model: torch.nn.Module):
+    """The export substitution of ``autosp::selective_scan`` (its registry record):
+    transformers' ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba, Zamba), by name in
+    the model's modeling modules."""
+    return _kernel_as_op(model, "mamba_selective_scan", _stated_selective_scan)
 
 
 def mamba2_chunk_scan_as_op(model: torch.nn.Module):
@@ -197,7 +242,10 @@ class _Chained(torch.autograd.Function):
         with torch.enable_grad():
             out, final = _part(run, inputs, start)
             wrt = [t for t in inputs + [start] if t is not None and t.requires_grad]
-            grads = torch.autograd.grad((out, final), wrt, (grad_out, grad_final.to(final.dtype)), allow_unused=True)
+            # (a rank holding no positions: its output is empty, its final state its start)
+            outs = [(o, g) for o, g in ((out, grad_out), (final, grad_final.to(final.dtype))) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in outs], wrt, [g for _, g in outs], allow_unused=True) \
+                if outs and wrt else [None] * len(wrt)
         found = dict(zip([id(t) for t in wrt], grads))
         if rank > 0:
             grad_start = found.get(id(start))
@@ -328,6 +376,31 @@ def _mamba2_stated(fn, chunk: int, dt_softplus: bool, dt_limit, out_dtype) -> St
                   lambda out0, basis, S: out0 + torch.einsum("bshm,bhdm->bshd", basis, S), out_dtype)
 
 
+def _selective_stated(call, decay, out_dtype) -> Stated:
+    """Mamba-1's scan is diagonal: each state entry ``h[d, n]`` decays by ``exp(A[d, n] *
+    dt[t, d])`` per position, so a part's transition is the product of its decays (``T``,
+    ``[B, D, N]``, applied entry-wise) and an incoming state reaches output ``t`` through
+    ``silu(z_t) * C[t, n] * decay(0..t)[d, n]`` (the basis). No identity run is needed."""
+    def summarise(inputs):
+        xs, dts, Bs, Cs, zs, As, Ds, dbs = inputs
+        bsz, seq, channels = xs.shape
+        wide = torch.promote_types(xs.dtype, torch.float32)
+        if seq == 0:
+            n = As.shape[-1]
+            return (xs.new_zeros(bsz, 0, channels, dtype=out_dtype), xs.new_zeros(bsz, 0, channels, n, dtype=wide),
+                    xs.new_ones(bsz, channels, n, dtype=wide), xs.new_zeros(bsz, channels, n, dtype=wide))
+        out, final = call(xs, dts, Bs, Cs, zs, As, Ds, dbs, True)
+        dec = decay(dts, As, dbs)
+        basis = Cs.to(dec.dtype)[:, :, None, :] * dec
+        if zs is not None:
+            basis = basis * F.silu(zs.to(dec.dtype))[..., None]
+        return out, basis, dec[:, -1], final
+
+    return Stated(summarise, lambda T, S, s: T * S + s,
+                  lambda out0, basis, S: out0 + torch.einsum("btdn,bdn->btd", basis, S.to(basis.dtype)).to(out0.dtype),
+                  out_dtype)
+
+
 def _prefix(combine, Ts: list, ss: list) -> list:
     """The state each part starts from: zeros, then each part's summary applied in order."""
     starts = [torch.zeros_like(ss[0])]
@@ -393,7 +466,10 @@ class _Prefixed(torch.autograd.Function):
                 mine_T = found[0] if found[0] is not None else mine_T
                 mine_s = found[1] if found[1] is not None else mine_s
             wrt = [t for t in inputs if t is not None and t.requires_grad]
-            grads = torch.autograd.grad((out, T, s), wrt, (grad_out, mine_T, mine_s), allow_unused=True)
+            # (a rank holding no positions: its summary is the identity, constant)
+            outs = [(o, g) for o, g in ((out, grad_out), (T, mine_T), (s, mine_s)) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in outs], wrt, [g for _, g in outs], allow_unused=True) \
+                if outs and wrt else [None] * len(wrt)
         by_id = dict(zip([id(t) for t in wrt], grads))
         return (None, None, None, *[by_id.get(id(t)) if t is not None else None for t in inputs])
 
@@ -465,6 +541,47 @@ def mamba2_chunk_scan(x, dt, A, B, C, D, dt_bias, chunk: int, dt_softplus: bool,
                     [x, dt, B, C, A, D, dt_bias], shape, group, whole)
 
 
+def selective_scan(x, dt, A, B, C, D, z, delta_bias, delta_softplus: bool, kernel: str, *, group: str | None = None,
+                   method: str = "chain"):
+    """``autosp::selective_scan`` in the emitted program: Mamba-1's scan on ``[B, S, D]``
+    inputs (``B``, ``C``: ``[B, S, N]``; ``A``: ``[D, N]``), the kernel called in its own
+    ``[B, D, S]`` layout. The kernel takes no initial state, so a part that starts from a
+    state ``h`` adds what ``h`` contributes, read from the scan's statement (``h_t =
+    exp(A dt_t) h_(t-1) + dt_t B_t x_t``, ``y_t = (C_t h_t + D x_t) silu(z_t)``): ``silu(z_t)
+    C_t . (exp(A cumsum(dt)_t) h)``, and ``exp(A cumsum(dt)) h`` to its final state."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call(SELECTIVE_SCAN, x, dt, A, B, C, D, z, delta_bias, delta_softplus, kernel, group=group,
+                           method=method)
+    fn = _kernel(kernel)
+
+    def call(xs, dts, Bs, Cs, zs, As, Ds, dbs, last: bool):
+        t = lambda v: None if v is None else v.transpose(1, 2)  # noqa: E731
+        result = fn(t(xs), t(dts), As, t(Bs), t(Cs), D=Ds, z=t(zs), delta_bias=dbs, delta_softplus=delta_softplus,
+                    return_last_state=last)
+        return (result[0].transpose(1, 2), result[1]) if last else result.transpose(1, 2)
+
+    def decay(dts, As, dbs):  # [B, s, D, N]: the part's decays from its start, as the kernel discretises
+        steps = dts if dbs is None else dts + dbs.to(dts.dtype)[None, None]
+        steps = F.softplus(steps) if delta_softplus else steps
+        return torch.exp(As[None, None] * steps.cumsum(1)[..., None])
+
+    def run(inputs, state):
+        xs, dts, Bs, Cs, zs, As, Ds, dbs = inputs
+        out, final = call(xs, dts, Bs, Cs, zs, As, Ds, dbs, True)
+        dec = decay(dts, As, dbs)
+        incoming = torch.einsum("btn,btdn,bdn->btd", Cs.to(dec.dtype), dec, state.to(dec.dtype))
+        if zs is not None:
+            incoming = incoming * F.silu(zs.to(incoming.dtype))
+        return out + incoming.to(out.dtype), final + dec[:, -1] * state.to(dec.dtype)
+
+    out_dtype = _selective_dtype(x, D, z)
+    shape = (x.shape[0], x.shape[2], A.shape[-1])
+    return _sharded(method, run, lambda: _selective_stated(call, decay, out_dtype), [x, dt, B, C, z, A, D, delta_bias],
+                    shape, group, lambda: call(x, dt, B, C, z, A, D, delta_bias, False))
+
+
 opaque.register(GATED_DELTA_RULE, gated_delta_rule, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
 opaque.register(MAMBA2_CHUNK_SCAN, mamba2_chunk_scan,
                 lambda x, *rest, **kw: x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32)))
+opaque.register(SELECTIVE_SCAN, selective_scan,
+                lambda x, dt, A, B, C, D, z, *rest, **kw: x.new_empty(x.shape, dtype=_selective_dtype(x, D, z)))

@@ -50,6 +50,9 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
                   (4, 19, "mixtral")),
     # recurrences (test_recurrences)
     "mamba2": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
+    # (variant word: the recurrence method asked for)
+    "mamba": _cases((2, 15, "auto"), (2, 16, "prefix"), (4, 19, "prefix"), (4, 20, "auto")),
+    "jamba": _cases((2, 15, "auto"), (2, 16, "prefix"), (4, 19, "auto"), (4, 20, "prefix")),
     # torchtitan (test_titan, test_titan_deltanet)
     "titan_llama3": _cases((2, 128, ""), (4, 128, ""), (2, 127, "uneven"), (4, 130, "uneven")),
     "titan_muse_glimmer": _cases((2, 128, ""), (4, 130, "uneven")),
