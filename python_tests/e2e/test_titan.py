@@ -152,20 +152,33 @@ def test_negative_control_without_the_outside_sum_lm_head_is_wrong(_fresh_seed):
     assert min(r["steps"][0]["head"] for r in results.values()) > 0.1, results
 
 
-def _moe_body(rank, world, queue, seed, fp32_experts, seq=SEQ):
-    import torch.distributed as dist
+def _moe_body(rank, world, queue, seed, cases):
+    """Each case ``(name, fp32_experts, seq)`` in turn on one set of (pooled) ranks."""
     from torchtitan.models.common import moe
+    original = moe.GroupedExperts.forward
+
+    def fp32_experts_forward(self, x, num_tokens_per_expert):
+        offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+        h = torch.nn.functional.silu(torch._grouped_mm(x, self.w1_EFD.transpose(-2, -1), offs=offs))
+        h = h * torch._grouped_mm(x, self.w3_EFD.transpose(-2, -1), offs=offs)
+        return torch._grouped_mm(h, self.w2_EDF.transpose(-2, -1), offs=offs)
+    out = {}
+    try:
+        for i, (name, fp32_experts, seq) in enumerate(cases):
+            # torchtitan's experts without their bf16 casts: the split over ranks is then exact
+            moe.GroupedExperts.forward = fp32_experts_forward if fp32_experts else original
+            out[name] = _moe_case(seed + i, seq)
+    finally:
+        moe.GroupedExperts.forward = original
+    queue.put((rank, out))
+
+
+def _moe_case(seed, seq):
+    import torch.distributed as dist
 
     import autosp.titan
     from autosp.frontend.flex import flex_as_dense
     from autosp.testing.parity import relative_error
-    if fp32_experts:  # torchtitan's experts without their bf16 casts: the split over ranks is then exact
-        def fp32_experts_forward(self, x, num_tokens_per_expert):
-            offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
-            h = torch.nn.functional.silu(torch._grouped_mm(x, self.w1_EFD.transpose(-2, -1), offs=offs))
-            h = h * torch._grouped_mm(x, self.w3_EFD.transpose(-2, -1), offs=offs)
-            return torch._grouped_mm(h, self.w2_EDF.transpose(-2, -1), offs=offs)
-        moe.GroupedExperts.forward = fp32_experts_forward
     torch.manual_seed(seed)
     reference = _config("qwen3", "debugmodel_moe").build()
     reference.init_weights()
@@ -188,25 +201,27 @@ def _moe_body(rank, world, queue, seed, fp32_experts, seq=SEQ):
     experts = [v for n, v in grads.items() if "inner_experts" in n]
     others = [v for n, v in grads.items() if "inner_experts" not in n]
     counters = [(b, c) for (n, b), c in zip(model.named_buffers(), reference.buffers()) if "tokens_per_expert" in n]
-    result = dict(loss=relative_error(total, ref_loss.detach()), experts=max(experts), others=max(others),
-                  counts=max(float((b - c).abs().max()) for b, c in counters), n_counters=len(counters),
-                  total=float(counters[0][0].sum()))
-    queue.put((rank, result))
+    return dict(loss=relative_error(total, ref_loss.detach()), experts=max(experts), others=max(others),
+                counts=max(float((b - c).abs().max()) for b, c in counters), n_counters=len(counters),
+                total=float(counters[0][0].sum()))
 
 
-@pytest.mark.parametrize("case", families.params("titan_qwen3_moe"))
-def test_torchtitan_qwen3_moe_in_train_mode(case, _fresh_seed):
+@pytest.mark.parametrize("world", families.worlds("titan_qwen3_moe"))
+def test_torchtitan_qwen3_moe_in_train_mode(world, _fresh_seed):
     """qwen3 ``debugmodel_moe`` (2 layers): router, token dispatcher (its sort), grouped
     experts, and the ``tokens_per_expert`` counters every rank holds for the whole batch.
     torchtitan runs its experts in bf16 in an fp32 model: the split over ranks changes the
     order its bf16 weight gradients are summed in, so there they are held to bf16's
-    precision (2e-2); with the experts' matmuls in fp32 every gradient is held to 1e-5."""
-    world, seq, fp32_experts = case.world, case.seq, case.has("fp32_experts")
-    results = run_ranks(_moe_body, world, args=(_fresh_seed % 10000, fp32_experts, seq), timeout=600, fresh=True)
-    for rank, r in results.items():
-        assert r["loss"] <= TOL, f"rank {rank}: {r}"
-        assert max(r["experts"], r["others"]) <= (TOL if fp32_experts else 2e-2), f"rank {rank}: {r}"
-        assert r["n_counters"] == 2 and r["counts"] == 0.0, f"rank {rank}: counts differ from one device's: {r}"
+    precision (2e-2); with the experts' matmuls in fp32 every gradient is held to 1e-5.
+    The family's cases at this P run on one set of ranks."""
+    cases = [(c.id(), c.has("fp32_experts"), c.seq) for c in families.at("titan_qwen3_moe", world)]
+    results = run_ranks(_moe_body, world, args=(_fresh_seed % 10000, cases), timeout=600)
+    for rank, by_case in results.items():
+        for (name, fp32_experts, _), r in zip(cases, by_case.values()):
+            where = f"rank {rank}, {name}: {r}"
+            assert r["loss"] <= TOL, where
+            assert max(r["experts"], r["others"]) <= (TOL if fp32_experts else 2e-2), where
+            assert r["n_counters"] == 2 and r["counts"] == 0.0, f"counts differ from one device's: {where}"
 
 
 def _uneven_body(rank, world, queue, seed, seq, family="llama3"):
@@ -242,7 +257,6 @@ def _uneven_body(rank, world, queue, seed, seq, family="llama3"):
                          families.params("titan_muse_glimmer", lambda c: c.has("uneven"), ("muse_glimmer",)))
 def test_torchtitan_models_with_a_length_the_ranks_do_not_divide(family, case, _fresh_seed):
     world, seq = case.world, case.seq
-    results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq, family), timeout=600,
-                        fresh=family != "llama3")
+    results = run_ranks(_uneven_body, world, args=(_fresh_seed % 10000, seq, family), timeout=600)
     for rank, r in results.items():
         assert r["forward"] <= TOL and r["grads"] <= TOL, f"rank {rank}: {r}"
