@@ -45,17 +45,26 @@ def pytest_sessionfinish(session, exitstatus):
 # with two workers a long test that starts last is the run's tail. A scheduling hint only:
 # a name that no longer matches changes the order of nothing.
 _LONGEST_FIRST = (
-    "test_train_example.py::test_fsdp_init_from_save_and_resume",  # 52 s
+    "test_titan_deltanet.py::test_torchtitan_qwen3_5_with_packed_documents[2]",  # 4 cases, fresh ranks
+    "test_families_as_users.py::test_new_runtime_ops_under_torch_compile",  # 70 s
+    "test_ring.py::test_ring_and_hybrid_match_single_device[4]",  # 70 s
     "test_memory_budget.py::test_planner_from_shallow_copies_matches_the_whole_model",  # 47 s
-    "test_fsdp_compile_memory.py::test_compiling_an_8b",  # 47 s
-    "test_families_as_users.py::test_new_runtime_ops_under_torch_compile",  # 46 s
-    "test_ring.py::test_ring_and_hybrid_match_single_device[4]",  # 37 s
-    "test_sequence_parallel.py::test_torch_compile_after_sequence_parallelism",  # 29 s
-    "test_trainer_calls.py::test_trainer_calls_match_single_device_with_linear_memory[2]",  # 28 s
-    "test_plan_cli.py::test_composed_report_matches_the_whole_model",  # 24 s
-    "test_gpt_oss.py::test_gpt_oss_matches_single_device[2]",  # 31 s
-    "test_vlm.py::test_the_share_holds_under_torch_compile",  # 30 s
-    "test_program_key.py::test_peft_switches_after_compile_match_eager",  # 28 s
+    "test_titan.py::test_torchtitan_qwen3_moe_in_train_mode",  # 2 or 3 cases
+    "test_titan_trainer.py::test_torchtitan_trainer_with_autosp_as_context_parallelism",  # 3 trainer runs
+    "test_fsdp_compile_memory.py::test_compiling_an_8b",  # 43 s
+    "test_plan_cli.py::test_drop_logits_flag_is_named_in_the_error_and_drops_the_logits",
+    "test_trainer_calls.py::test_trainer_calls_match_single_device_with_linear_memory[2]",  # 41 s
+    "test_titan.py::test_torchtitan_models_with_a_length_the_ranks_do_not_divide[muse_glimmer",  # 36 s
+    "test_titan_deltanet.py::test_torchtitan_qwen3_5_with_packed_documents[4]",
+    "test_plan_cli.py::test_composed_report_matches_the_whole_model",  # 31 s
+    "test_sequence_parallel.py::test_torch_compile_after_sequence_parallelism",  # 30 s
+    "test_gpt_oss.py::test_gpt_oss_matches_single_device[2]",  # 30 s
+    "test_train_example.py::test_pack_verify_run_of_a_hugging_face_directory",
+    "test_train_example.py::test_hugging_face_directory_each_rank_reads_its_rows",
+    "test_train_example.py::test_fsdp_init_from_save_and_resume",  # 24 s
+    "test_vlm.py::test_the_share_holds_under_torch_compile",
+    "test_ring.py::test_ring_and_hybrid_match_single_device[2]",
+    "test_program_key.py::test_peft_switches_after_compile_match_eager",
     "test_task_heads.py::test_task_heads_match_single_device[4-19]",  # 4 ranks, 4 models
 )
 
