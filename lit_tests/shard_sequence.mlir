@@ -320,6 +320,36 @@ func.func @moe_experts_and_counts(%w: !torch.vtensor<[64,32],f32> {autosp.parame
 
 // -----
 
+// A model's own autograd.Function kept whole (torch.autosp.autograd_function, its
+// statement checked at export: row-wise over the tokens): it runs on the rank's positions,
+// as a token-wise op; its parameter operand stays whole.
+// CHECK-LABEL: func.func @autograd_function
+// CHECK: %[[E:.*]] = torch.aten.embedding
+// CHECK: %[[L:.*]] = torch.prim.ListConstruct %[[E]], %arg1
+// CHECK: %[[Y:.*]] = torch.operator "torch.autosp.autograd_function"(%[[L]], %str)
+// CHECK: return %[[Y]]
+// GATHER-LABEL: func.func @autograd_function
+// GATHER: torch.operator "torch.autosp.autograd_function"
+// GATHER: "autosp.all_gather"
+func.func @autograd_function(%w: !torch.vtensor<[64,32],f32> {autosp.parameter = "w"},
+                             %scale: !torch.vtensor<[32],f32> {autosp.parameter = "scale"},
+                             %ids: !torch.vtensor<[2,?],si64> {autosp.input = "args[0]", autosp.seq_dim = 1 : i64})
+    -> !torch.vtensor<[2,?,32],f32> {
+  %int-1 = torch.constant.int -1
+  %false = torch.constant.bool false
+  %str = torch.constant.str "{\"fn\": \"test_autograd_functions:RowScale\", \"args\": [{\"tensor\": 0}, {\"tensor\": 1}]}"
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %ids, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],si64>
+  %e = torch.aten.embedding %w, %ids, %int-1, %false, %false : !torch.vtensor<[64,32],f32>, !torch.vtensor<[2,?],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %e, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  %inputs = torch.prim.ListConstruct %e, %scale : (!torch.vtensor<[2,?,32],f32>, !torch.vtensor<[32],f32>) -> !torch.list<vtensor>
+  %y = torch.operator "torch.autosp.autograd_function"(%inputs, %str) : (!torch.list<vtensor>, !torch.str) -> !torch.vtensor<[2,?,32],f32>
+  torch.bind_symbolic_shape %y, [%s], affine_map<()[s0] -> (2, s0, 32)> : !torch.vtensor<[2,?,32],f32>
+  return %y : !torch.vtensor<[2,?,32],f32>
+}
+
+// -----
+
 // A returned value whose rows fold the batch with the sequence ([2 * S, E]: a router's
 // logits from hidden.view(-1, H)), gathered (gather-outputs): unfolded to [2, S, E] (the
 // view that merged them says the batch comes first), gathered along the sequence, and

@@ -45,6 +45,7 @@ from autosp.ir.stated import RECURRENCE, stated
 from autosp.runtime import (
     attention,
     collectives,
+    functions,  # noqa: F401 - registers autosp::autograd_function (a rank may only emit)
     recurrences,  # noqa: F401 - registers the recurrence ops (a rank may only emit)
     sequence_ops,
 )
@@ -300,6 +301,9 @@ class _Emitter:
             raise DiagnosticError.at(op, f"has no PyTorch operator torch.ops.{'.'.join(parts[1:])} "
                                          f"(torch {torch.__version__})")
         args, kwargs = _place_arguments(op, target, operands)
+        if record is not None:  # a token-wise stated op: its runtime function (the op itself, or autograd's)
+            runtime = record.runtime_function()
+            target = target if isinstance(runtime, torch._library.custom_ops.CustomOpDef) else runtime
         if name == SDPA_OP and DOCUMENTS_ATTR in op.attributes:  # proven causal (or window) within documents
             target = attention.document_attention  # (its mask operand: the document ids)
             if WINDOW_ATTR in op.attributes:

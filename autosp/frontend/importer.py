@@ -280,8 +280,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     while True:
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
-            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), stated.substitutions(model), \
-                    _custom_backwards() as functions, _state_kept(model), \
+            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), \
+                    _custom_backwards() as functions, stated.substitutions(model), _state_kept(model), \
                     flex.flex_as_dense():
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
@@ -509,6 +509,7 @@ def _custom_backwards():
     def apply(cls, *args, **kwargs):
         seen[cls] = None
         return original(cls, *args, **kwargs)
+    apply.__wrapped__ = original  # type: ignore[attr-defined] # (see autosp.runtime.functions.torch_apply)
     torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
     try:
         yield seen
@@ -525,12 +526,15 @@ def _refuse_custom_backwards(functions) -> None:
     own functions are trusted."""
     mine = [f for f in functions if not f.__module__.startswith(("torch.", "autosp."))]
     if mine and os.environ.get(TRUST_FUNCTIONS_ENV) != "1":
-        names = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in mine)
-        raise AutospError(f"the model applies custom autograd functions ({names}); autosp differentiates the "
-                          "ops of their forward, so a backward that is not their derivative (a straight-through "
-                          "estimator, a clipped or rescaled gradient) would be lost and training would differ "
-                          f"from one device. If each backward is the derivative of its forward, set "
-                          f"{TRUST_FUNCTIONS_ENV}=1")
+        from autosp.runtime.functions import why_not_stated
+        names = "; ".join(f"{f.__module__}.{f.__qualname__}" + (f" ({why})" if (why := why_not_stated(f)) else "")
+                          for f in mine)
+        raise AutospError(f"the model applies custom autograd functions autosp cannot keep whole ({names}). "
+                          "autosp keeps a Function with its own backward where it is row-wise over the tokens "
+                          "(checked on random inputs); otherwise it would differentiate the ops of its forward, "
+                          "so a backward that is not their derivative (a straight-through estimator, a clipped or "
+                          "rescaled gradient) would be lost and training would differ from one device. If each "
+                          f"backward is the derivative of its forward, set {TRUST_FUNCTIONS_ENV}=1")
 
 
 def _export_error(e: Exception, model: torch.nn.Module) -> AutospError:

@@ -65,6 +65,11 @@ STATED_OPS: tuple[StatedOp, ...] = (
              "with a local dispatcher), matched by class while exporting: each token's output from its own "
              "row and its routing",
              "autosp.runtime.experts:experts_as_token_ops"),
+    StatedOp("torch.autosp.autograd_function", TOKEN_WISE, "autosp.runtime.functions:autograd_function",
+             "a model's own torch.autograd.Function (PhiMoE's straight-through router, BLOOM's GeLU), applied "
+             "whole with its own backward, where its statement holds: row-wise over every dim but the last of "
+             "its first input, checked on random inputs at export",
+             "autosp.runtime.functions:functions_as_ops"),
     StatedOp("torch.autosp.gated_delta_rule", RECURRENCE, "autosp.runtime.recurrences:gated_delta_rule",
              "transformers' torch_chunk_gated_delta_rule (Qwen3-Next, Qwen3.5), by name in the modeling modules "
              "of the model's layers; torchtitan's Qwen3.5 GatedDeltaKernel (autosp.titan), with packed "
