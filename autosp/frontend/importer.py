@@ -285,7 +285,10 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
                     flex.flex_as_dense():
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
-            raise _export_error(e, model) from None
+            site = None
+            if "specialized it to be a constant" in str(e):  # where the model's code fixed S: export once more
+                site = _specialization_site(wrapper, state, inputs, dynamic_shapes, model)
+            raise _export_error(e, model, site) from None
         apart = _not_the_sequence(program, len(state), input_seq_dims, inferred)
         if not apart:
             break
@@ -537,11 +540,49 @@ def _refuse_custom_backwards(functions) -> None:
                           f"backward is the derivative of its forward, set {TRUST_FUNCTIONS_ENV}=1")
 
 
-def _export_error(e: Exception, model: torch.nn.Module) -> AutospError:
+def _specialization_site(wrapper, state, inputs, dynamic_shapes, model) -> str | None:
+    """The model's source line (``file:line: code``) where tracing fixed a dynamic size to
+    its example's value (a Python loop ``for t in range(x.shape[1])``, a branch on the
+    length): the export once more, each size specialization's stack read at the moment
+    it is made (``ShapeEnv._set_replacement`` to a number), the innermost frame outside
+    torch and autosp named. None where none is found."""
+    import traceback as tb
+
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    original = ShapeEnv._set_replacement
+    found: list[str] = []
+
+    def record(self, a, tgt, msg):
+        if not found and isinstance(tgt, sympy.Integer):
+            for frame in reversed(tb.extract_stack()[:-1]):
+                if not any(part in frame.filename for part in ("/torch/", "/autosp/", "<frozen", "/sympy/",
+                                                                "/contextlib.py")):
+                    found.append(f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}")
+                    break
+        return original(self, a, tgt, msg)
+    ShapeEnv._set_replacement = record  # type: ignore[method-assign]
+    try:
+        with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), _custom_backwards(), \
+                stated.substitutions(model), _state_kept(model), flex.flex_as_dense():
+            torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception:  # noqa: BLE001 - the same failure, expected: only the site is wanted
+        pass
+    finally:
+        ShapeEnv._set_replacement = original  # type: ignore[method-assign]
+    return found[0] if found else None
+
+
+def _export_error(e: Exception, model: torch.nn.Module, site: str | None = None) -> AutospError:
     """One readable error for a failed torch.export: the hint first (when autosp knows the
     cause), then torch.export's first lines; the whole trace goes to a file the message
-    names, not to the user's terminal."""
+    names, not to the user's terminal. ``site``: the model's line that fixed the sequence
+    length to its example's value (:func:`_specialization_site`)."""
     hint = ""
+    if site is not None:
+        hint = (f"the model's code fixes the sequence length to the example's value at {site} (a Python loop or "
+                "branch over the length: one program cannot serve every length). Write it with tensor ops over "
+                "the whole sequence, or state it as an op autosp knows (docs/adding_a_model_family.md)\n")
     if "Cache" in str(e) and getattr(getattr(model, "config", None), "use_cache", False):
         hint = ("the model returns a key/value cache, which training does not use: call it with "
                 "use_cache=False (or set model.config.use_cache = False)\n")

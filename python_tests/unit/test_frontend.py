@@ -181,6 +181,34 @@ def test_integer_max_and_min_of_sizes_import_as_prim_ops():
         assert torch.allclose(out, model(y)), s
 
 
+class _LoopOverPositions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        h, outs = torch.zeros_like(x[:, 0]), []
+        for t in range(x.shape[1]):  # the line the error must name
+            h = 0.9 * h + x[:, t]
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
+def test_a_loop_over_the_sequence_is_named_with_its_source_line():
+    """A Python loop over the positions fixes S to the example's value (torch.export:
+    "Constraints violated ... specialized it to be a constant"); the error names the
+    model's line that did it (found by exporting once more with the specialization's
+    stack recorded) and what to do."""
+    import inspect
+    with pytest.raises(AutospError) as caught:
+        autosp.import_model(_LoopOverPositions(), torch.randint(0, 32, (2, 15)))
+    text = str(caught.value)
+    line = inspect.getsourcelines(_LoopOverPositions.forward)[1] + 3
+    assert f"fixes the sequence length to the example's value at {__file__}:{line}: for t in range(" in text, text
+    assert "Constraints violated" in text, text  # torch.export's own words follow
+
+
 def test_an_import_failure_is_one_error_naming_the_op_the_line_and_what_to_do():
     """torch-mlir's importer has no handler for ``sym_max`` of floats: the failure is one
     AutospError naming the op, the model's own source line, the original message and a
