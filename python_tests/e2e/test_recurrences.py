@@ -388,49 +388,11 @@ def _mamba2():
     return _long_memory(transformers.Mamba2ForCausalLM(cfg).float())
 
 
-def _mamba2_body(rank, world, queue, seed, control=False):
-    """A pure SSM (no attention at all): each of the family's cases at this P, parity, 3
-    AdamW steps and the bytes kept for backward at 2S against S. ``control``: every rank's
-    incoming state dropped (chain and prefix alike)."""
-    import autosp
-    from autosp.runtime import recurrences
-    from autosp.testing.parity import adamw_steps, parity, saved_growth
-    part, prefix = recurrences._part, recurrences._prefix
-    if control:
-        recurrences._part = lambda run, inputs, state: part(run, inputs, torch.zeros_like(state))
-        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
-    out = {}
-    try:
-        for i, case in enumerate(families.at("mamba2", world)[:1] if control else families.at("mamba2", world)):
-            torch.manual_seed(seed + i)
-            model = _mamba2()
-            reference = copy.deepcopy(model)
-            compiled = autosp.compile(model, gather_outputs=True)
-            gen = torch.Generator().manual_seed(seed + i)
-            ids = torch.randint(0, VOCAB, (2, case.seq), generator=gen)
-            loss_of = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                report = parity(reference, compiled, input_ids=ids, labels=ids)
-                ir = compiled.programs[0].mlir["transformed"]
-                r = {"outputs": report.outputs, "grads": report.max_grad_error, "method": _methods(ir),
-                     "attention": ir.count("scaled_dot_product_attention")}
-                if not control:
-                    r["steps"] = adamw_steps(reference, model, compiled, loss_of,
-                                             [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
-                    r["saved_growth"] = saved_growth(compiled, model, loss_of,
-                                                     [torch.randint(0, VOCAB, (2, n), generator=gen) for n in (64, 128)])
-            out[case.id()] = r
-    finally:
-        recurrences._part, recurrences._prefix = part, prefix
-    queue.put((rank, out))
-
-
 @pytest.mark.parametrize("world", families.worlds("mamba2"))
 def test_pure_mamba2_without_attention_matches_single_device(world, _fresh_seed):
     """Mamba2ForCausalLM: its only sequence mixing is the SSD scan (no attention to
     partition); each layer's scan runs over the ranks as in the hybrids."""
-    results = run_ranks(_mamba2_body, world, args=(_fresh_seed % 10000,), timeout=600)
+    results = run_ranks(_ssm_body, world, args=(_fresh_seed % 10000, "mamba2"), timeout=600)
     for rank, by_case in results.items():
         for case, r in by_case.items():
             where = f"rank {rank}, {case}: {r}"
@@ -441,7 +403,7 @@ def test_pure_mamba2_without_attention_matches_single_device(world, _fresh_seed)
 
 
 def test_negative_control_pure_mamba2_without_the_state_is_wrong(_fresh_seed):
-    results = run_ranks(_mamba2_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
+    results = run_ranks(_ssm_body, 2, args=(_fresh_seed % 10000, "mamba2", True), timeout=600)
     assert min(max(r["outputs"].values()) for by_case in results.values() for r in by_case.values()) > 1e-3, results
 
 
@@ -536,9 +498,11 @@ def _mamba1(family):
     return model.float()
 
 
-def _mamba1_body(rank, world, queue, seed, family, control=False):
-    """Each of the family's cases at this P: parity, 3 AdamW steps and the bytes kept for
-    backward at 2S against S (``control``: every rank's incoming state dropped)."""
+def _ssm_body(rank, world, queue, seed, family, control=False):
+    """Each of the family's cases at this P (Mamba2, Mamba, Jamba; a case's variant word,
+    if any, is the recurrence method asked for): parity, 3 AdamW steps and the bytes kept
+    for backward at 2S against S (``control``: every rank's incoming state dropped, chain
+    and prefix alike; the first case only)."""
     import autosp
     from autosp.runtime import recurrences
     from autosp.testing.parity import adamw_steps, parity, saved_growth
@@ -551,9 +515,9 @@ def _mamba1_body(rank, world, queue, seed, family, control=False):
         cases = families.at(family, world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
-            model = _mamba1(family)
+            model = _mamba2() if family == "mamba2" else _mamba1(family)
             reference = copy.deepcopy(model)
-            compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=case.variant[0])
+            compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=(case.variant or ("auto",))[0])
             gen = torch.Generator().manual_seed(seed + i)
             ids = torch.randint(0, VOCAB, (2, case.seq), generator=gen)
             loss_of = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
@@ -562,7 +526,8 @@ def _mamba1_body(rank, world, queue, seed, family, control=False):
                 report = parity(reference, compiled, input_ids=ids, labels=ids)
                 ir = compiled.programs[0].mlir["transformed"]
                 r = {"outputs": report.outputs, "grads": report.max_grad_error, "method": _methods(ir),
-                     "stated": ir.count('torch.operator "torch.autosp.selective_scan"')}
+                     "stated": ir.count('torch.operator "torch.autosp.selective_scan"'),
+                     "attention": ir.count("scaled_dot_product_attention")}
                 if not control:
                     r["steps"] = adamw_steps(reference, model, compiled, loss_of,
                                              [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
@@ -580,7 +545,7 @@ def test_mamba1_families_match_single_device(family, world, _fresh_seed):
     """Mamba (no attention) and Jamba (Mamba-1 layers with attention and MoE): the selective
     scan stated at export (its torch path is a Python loop over positions, which no
     symbolic-S export has), run over the ranks as a chain or a prefix."""
-    results = run_ranks(_mamba1_body, world, args=(_fresh_seed % 10000, family), timeout=600)
+    results = run_ranks(_ssm_body, world, args=(_fresh_seed % 10000, family), timeout=600)
     layers = 2 if family == "mamba" else 1
     for rank, by_case in results.items():
         for case, r in by_case.items():
@@ -593,7 +558,7 @@ def test_mamba1_families_match_single_device(family, world, _fresh_seed):
 
 @pytest.mark.parametrize("family", ["mamba", "jamba"])
 def test_negative_control_mamba1_without_the_state_is_wrong(family, _fresh_seed):
-    results = run_ranks(_mamba1_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
+    results = run_ranks(_ssm_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
     # (Jamba's one Mamba layer adds a small part to the residual: its logits move by ~2e-4,
     # its gradients by ~1)
     assert min(max(*r["outputs"].values(), r["grads"]) for by_case in results.values()
