@@ -27,8 +27,10 @@ import contextlib
 import dataclasses
 import importlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # (the IR layer imports no torch: autosp-opt starts without it)
+    import torch
 
 TOKEN_WISE = "token-wise"
 RECURRENCE = "recurrence"

@@ -169,3 +169,14 @@ def test_the_importer_names_no_stated_op_family():
     assert "stated.substitutions(model)" in text
     for name in ("autosp.runtime import experts", "recurrences_as", "experts_as_token_ops", "_as_op("):
         assert name not in text, name
+
+
+def test_the_compiler_cli_starts_without_torch():
+    """``autosp-opt`` (every lit RUN line starts one) imports the passes, the IR layer and
+    the stated-op registry, not torch: importing torch costs each process seconds (lit's
+    time grew from ~20 s to 97 s in CI when the registry imported it)."""
+    import subprocess
+    import sys
+    code = "import sys; from autosp.tools import opt; from autosp.passes import PASSES; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
