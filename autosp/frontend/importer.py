@@ -280,9 +280,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     while True:
         dynamic_shapes = ([None] * len(state), [{d: Dim.DYNAMIC} if d is not None else None for d in input_seq_dims])
         try:
-            with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), \
-                    _custom_backwards() as functions, stated.substitutions(model), _state_kept(model), \
-                    flex.flex_as_dense():
+            with _exporting(model) as functions:
                 program = torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # torch.export raises many types; keep its message, drop the noise
             site = None
@@ -503,6 +501,16 @@ TRUST_FUNCTIONS_ENV = "AUTOSP_TRUST_AUTOGRAD_FUNCTIONS"
 
 
 @contextlib.contextmanager
+def _exporting(model: torch.nn.Module):
+    """What every export of ``model`` runs inside: autocast and gradients off, FSDP2's hooks
+    detached, the model's own autograd Functions recorded (yielded), the stated ops'
+    substitutions, buffers kept, FlexAttention as dense ops."""
+    with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), _custom_backwards() as functions, \
+            stated.substitutions(model), _state_kept(model), flex.flex_as_dense():
+        yield functions
+
+
+@contextlib.contextmanager
 def _custom_backwards():
     """While exporting: the ``torch.autograd.Function`` subclasses the model applies (the
     export keeps their forward's ops; their ``backward`` is lost)."""
@@ -563,8 +571,7 @@ def _specialization_site(wrapper, state, inputs, dynamic_shapes, model) -> str |
         return original(self, a, tgt, msg)
     ShapeEnv._set_replacement = record  # type: ignore[method-assign]
     try:
-        with autocast_off(), torch.no_grad(), fsdp.hooks_detached(model), _custom_backwards(), \
-                stated.substitutions(model), _state_kept(model), flex.flex_as_dense():
+        with _exporting(model):
             torch.export.export(wrapper, (state, inputs), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception:  # noqa: BLE001 - the same failure, expected: only the site is wanted
         pass

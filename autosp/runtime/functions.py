@@ -26,6 +26,7 @@ tells two calls apart.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 from collections.abc import Iterator
@@ -47,16 +48,19 @@ _CHECKED: dict[tuple, str | None] = {}  # (class, key, shapes) -> None if the st
 
 
 # ----------------------------------------------------------------------------- the op
+@functools.cache
 def _resolve(key: str):
+    """The Function and argument template of ``key`` (read once per key: the emitted
+    program resolves it at every call)."""
     spec = json.loads(key)
     module, _, name = spec["fn"].partition(":")
     cls = importlib.import_module(module)
     for part in name.split("."):
         cls = getattr(cls, part)
-    return cls, spec["args"]
+    return cls, tuple(spec["args"])
 
 
-def _arguments(template: list, tensors: list) -> list:
+def _arguments(template, tensors: list) -> list:
     return [tensors[a["tensor"]] if isinstance(a, dict) else a for a in template]
 
 

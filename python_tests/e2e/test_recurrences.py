@@ -31,6 +31,7 @@ Checked:
   P divides); bytes kept for backward
   per rank at P = 2 at most 0.65 x one device's, growing at most 2.3x from S to 2S.
 """
+import contextlib
 import copy
 import warnings
 
@@ -164,15 +165,25 @@ def test_prefix_statement_holds_on_the_kernels(_fresh_seed):
         assert dropped > 1e-3, (name, dropped)
 
 
+@contextlib.contextmanager
+def _states_dropped(drop: bool):
+    """The control (``drop``): every rank's incoming state dropped, in the chain (its part
+    runs from zeros) and in the prefix (the composed summaries are zeros); restored after."""
+    from autosp.runtime import recurrences
+    part, prefix = recurrences._part, recurrences._prefix
+    if drop:
+        recurrences._part = lambda run, inputs, state: part(run, inputs, torch.zeros_like(state))
+        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
+    try:
+        yield
+    finally:
+        recurrences._part, recurrences._prefix = part, prefix
+
+
 def _chain_body(rank, world, queue, seed, control, method="chain"):
     from autosp.runtime import collectives, recurrences
     kernel = f"{__name__}:reference_recurrence"
-    original, prefix = recurrences._part, recurrences._prefix
-    if control and method == "chain":  # drop the state: every rank starts from zeros
-        recurrences._part = lambda run, inputs, state: original(run, inputs, torch.zeros_like(state))
-    elif control:  # drop the summaries: every rank's incoming state is zeros
-        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
-    try:
+    with _states_dropped(control):
         out = {}
         for seq in (15, 19, 6):
             inputs = [x.requires_grad_() for x in _inputs(seq, seed + seq, torch.float64)]
@@ -188,8 +199,6 @@ def _chain_body(rank, world, queue, seed, control, method="chain"):
                         max(float((p.grad - x.grad[:, a:b]).abs().max() / x.grad.abs().max())
                             for p, x in zip(parts, inputs)))
         queue.put((rank, out))
-    finally:
-        recurrences._part, recurrences._prefix = original, prefix
 
 
 @pytest.mark.parametrize("method", ["chain", "prefix"])
@@ -427,11 +436,7 @@ def _selective_body(rank, world, queue, seed, method, control=False):
     import torch.distributed as dist
 
     from autosp.runtime import collectives, recurrences
-    part, prefix = recurrences._part, recurrences._prefix
-    if control:  # every rank's incoming state dropped
-        recurrences._part = lambda run, inputs, state: part(run, inputs, torch.zeros_like(state))
-        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
-    try:
+    with _states_dropped(control):
         out = {}
         for seq in (15, 19, 3):
             full = {k: v.requires_grad_() for k, v in _selective_inputs(seq, seed + seq).items()}
@@ -456,8 +461,6 @@ def _selective_body(rank, world, queue, seed, method, control=False):
                 errors.append(error(g, want, full[k].grad))
             out[seq] = errors
         queue.put((rank, out))
-    finally:
-        recurrences._part, recurrences._prefix = part, prefix
 
 
 @pytest.mark.parametrize("method", ["chain", "prefix"])
@@ -504,14 +507,9 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
     for backward at 2S against S (``control``: every rank's incoming state dropped, chain
     and prefix alike; the first case only)."""
     import autosp
-    from autosp.runtime import recurrences
     from autosp.testing.parity import adamw_steps, parity, saved_growth
-    part, prefix = recurrences._part, recurrences._prefix
-    if control:
-        recurrences._part = lambda run, inputs, state: part(run, inputs, torch.zeros_like(state))
-        recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
     out = {}
-    try:
+    with _states_dropped(control):
         cases = families.at(family, world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
@@ -534,8 +532,6 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
                     r["saved_growth"] = saved_growth(compiled, model, loss_of,
                                                      [torch.randint(0, VOCAB, (2, n), generator=gen) for n in (64, 128)])
             out[case.id()] = r
-    finally:
-        recurrences._part, recurrences._prefix = part, prefix
     queue.put((rank, out))
 
 
