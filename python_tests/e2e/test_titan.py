@@ -31,6 +31,7 @@ pytest.importorskip("torchtitan")
 
 TOL = 1e-5
 SEQ = 128
+LR = 8e-4
 
 
 def _config(family, flavor="debugmodel"):
@@ -89,8 +90,8 @@ def _body(rank, world, queue, seed, outside_sum, family="llama3"):
         model.autosp.grad_sync.outside = None
         model.autosp._fsdp_outside.factor = float(world)  # FSDP2's own mean over the world for lm_head's group
     loss_fn, ref_loss_fn = _loss_fn(model.lm_head), _loss_fn(reference.lm_head)
-    opt = torch.optim.AdamW(model.parameters(), lr=8e-4)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=8e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR)
     losses, forward, params = [], None, 0.0
     for step in range(3):
         tokens, labels, positions = _batch(seed + step)
@@ -120,9 +121,12 @@ def _body(rank, world, queue, seed, outside_sum, family="llama3"):
         opt.zero_grad(), ref_opt.zero_grad()
         # One AdamW step from gradients equal to rounding moves the weights apart by up to
         # 2 lr per element where a gradient element is rounding-sized (its sign decides):
-        # checked, then the compiled model takes the one-process weights again, so every
-        # step's gradients are judged at the same weights.
-        params = max(params, max(relative_error(p.full_tensor(), q) for p, q in
+        # in the first 3 steps a bias-corrected Adam update is at most 1.004 lr in size
+        # (Cauchy-Schwarz over its moments), and weight decay is the same at the same
+        # weights. Checked as an absolute bound (relative to the largest weight it would
+        # depend on the init scale), then the compiled model takes the one-process weights
+        # again, so every step's gradients are judged at the same weights.
+        params = max(params, max((p.full_tensor() - q).abs().max().item() / LR for p, q in
                                  zip(model.parameters(), reference.parameters())))
         with torch.no_grad():
             for p, q in zip(model.parameters(), reference.parameters()):
@@ -142,7 +146,7 @@ def test_torchtitan_models_train_like_one_process(family, case, _fresh_seed):
         assert r["forward"] <= TOL, f"rank {rank}: the forward against FlexAttention: {r['forward']:.2e}"
         for step, s in enumerate(r["steps"]):  # (each step at the one-process weights: see _body)
             assert s["loss"] <= TOL and s["grads"] <= TOL, f"rank {rank}, step {step}: {s}"
-        assert r["params"] <= 1e-3, r  # one AdamW step apart, from rounding-sized gradient differences
+        assert r["params"] <= 2.01, r  # one AdamW step apart (in lr), from rounding-sized gradient differences
         assert r["kept"] == 0 and r["documents"] > 0, f"the document mask should be proven: {r}"
         assert not any(k.startswith(("module.", "model.", "autosp")) for k in r["keys"]), r["keys"]
 
