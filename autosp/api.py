@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autosp.backend.module import CompiledProgram
+from autosp.backend.shape_check import check_shapes
 from autosp.cost.plan import MemoryPlan
 from autosp.driver import (
     emit_program,
@@ -148,6 +149,7 @@ class AutospModule(torch.nn.Module):
         requested_checkpointing(model)  # checkpointing on the modules autosp cannot honour: an error now
         self._said_checkpointing: set = set()
         self._programs: dict[object, CompiledProgram] = {}
+        self._shapes_checked: set = set()  # (program id, sequence length class): see _check_shapes
         # A name of its own: the IR names groups by string, and the runtime binds each name
         # to one process group, so a shared name would let a later module rebind an earlier one's.
         self.group_name = f"autosp{next(AutospModule._instances)}"
@@ -517,10 +519,29 @@ class AutospModule(torch.nn.Module):
         kwargs = self._call_kwargs(kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         program = self._program_for(args, kwargs, leaves, spec, check=self.options.check_inputs)
+        self._check_shapes(program, args, kwargs, leaves)
         if self._fsdp_outside is not None:
             self._fsdp_outside.compiled()
         with autocast_off():  # the program's casts are its own ops (autocast_state)
             return program(self.module, [prepare_input(x) for x in leaves], self.grad_sync)
+
+    def _check_shapes(self, program: CompiledProgram, args, kwargs, leaves) -> None:
+        """Before a program first runs at a sequence length's class (its remainder over the
+        ranks, and whether some rank's share is short or empty): its forward on meta tensors as
+        each distinct rank (:func:`autosp.backend.shape_check.check_shapes`). Every rank checks
+        the same sizes: all raise its error, or none, before any collective."""
+        seq = seq_len_of(args, kwargs, self.options.seq_dim)
+        if self.sp_size == 1 or seq is None or collectives.simulating() or torch.compiler.is_compiling():
+            return
+        key = (id(program), seq % self.sp_size, min(seq // self.sp_size, 2))
+        if key in self._shapes_checked:
+            return
+        result = check_shapes(program, self.module, [prepare_input(x) for x in leaves], sp_size=self.sp_size,
+                              layout=self.layout, seq_len=seq)
+        if result.stopped and self.options.verbose and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(f"[autosp] shape check stopped at {result.stopped} (needs values: later ops unchecked)",
+                  file=sys.stderr, flush=True)
+        self._shapes_checked.add(key)
 
     @property
     def programs(self) -> list[CompiledProgram]:

@@ -206,6 +206,7 @@ class _Emitter:
             last = self.graph._root.prev
             self.emit_op(op)
             self._copy_plan(op, last)
+            self._mark_source(op, last)
         # Each tensor's sequence dim (its one dynamic dim), read by the tiled runs' backend.
         for value in [*block.arguments, *[r for op in body_ops(self.func) for r in op.results]]:
             node, shape = self.values.get(value), vtensor_shape(value.type)
@@ -215,6 +216,16 @@ class _Emitter:
         gm = torch.fx.GraphModule(self.root, self.graph)
         gm.graph.lint()
         return gm
+
+    def _mark_source(self, op, last) -> None:
+        """The op (``autosp_op``) and its location (``autosp_loc``: the model's source line,
+        as torch-mlir imported it) on each of its new nodes, for errors that name them
+        (:mod:`autosp.backend.shape_check`)."""
+        node = last.next
+        while node is not self.graph._root:
+            node.meta["autosp_op"] = op_name(op)
+            node.meta["autosp_loc"] = str(op.location)
+            node = node.next
 
     def _copy_plan(self, op, last) -> None:
         """Checkpoint plan attributes (``autosp-checkpoint``) onto the op's new nodes."""
