@@ -379,12 +379,14 @@ def recurrence_shape(op) -> RecurrenceShape | None:
     if name == ops.GATED_DELTA_RULE:
         sizes, chunk = (v[2], k[2], q[3], v[3]), const_int(op.operands[6])
         kind = GATED_DELTA_NET
-    else:  # Mamba2: x [B, S, H, hd], dt, B [B, S, G, N]
+    elif name == ops.MAMBA2_CHUNK_SCAN:  # x [B, S, H, hd], dt, B [B, S, G, N]
         groups = b.vtensor_shape(op.operands[2].type)
         if groups is None or len(groups[0]) != 4:
             return None
         sizes, chunk = (q[2], groups[0][2], groups[0][3], q[3]), const_int(op.operands[7])
         kind = MAMBA2
+    else:  # (Mamba-1's selective scan, lightning attention: no price model yet)
+        return None
     if any(x is None for x in sizes) or chunk is None:
         return None
     heads, k_heads, key_dim, value_dim = sizes

@@ -87,6 +87,11 @@ STATED_OPS: tuple[StatedOp, ...] = (
              "transformers' mamba_selective_scan (Mamba-1's selective scan: Mamba, Falcon-Mamba, Jamba, Zamba; its "
              "torch path loops over the positions), by name in the modeling modules of the model's layers",
              "autosp.runtime.recurrences:selective_scan_as_op"),
+    StatedOp("torch.autosp.lightning_attention", RECURRENCE, "autosp.runtime.recurrences:lightning_attention",
+             "MiniMax's lightning attention (a linear attention whose state decays per head), its layer's forward "
+             "stated per class (*LightningAttention with MiniMax's parts) where it equals the layer's own on random "
+             "inputs; the layer's loop over blocks is never exported",
+             "autosp.runtime.recurrences:lightning_attention_as_op"),
 )
 _BY_NAME = {s.op: s for s in STATED_OPS}
 

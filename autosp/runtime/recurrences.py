@@ -57,7 +57,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from autosp.ir.ops import GATED_DELTA_RULE, MAMBA2_CHUNK_SCAN, SELECTIVE_SCAN  # as they import (torch.operator)
+from autosp.ir.ops import (  # as they import (torch.operator)
+    GATED_DELTA_RULE,
+    LIGHTNING_ATTENTION,
+    MAMBA2_CHUNK_SCAN,
+    SELECTIVE_SCAN,
+)
 from autosp.runtime import opaque
 
 
@@ -107,6 +112,18 @@ def _selective_dtype(x, D, z) -> torch.dtype:
 @selective_scan_op.register_fake
 def _(x, dt, A, B, C, D, z, delta_bias, delta_softplus, kernel):
     return x.new_empty(x.shape, dtype=_selective_dtype(x, D, z))
+
+
+@torch.library.custom_op("autosp::lightning_attention", mutates_args=())
+def lightning_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slope: torch.Tensor,
+                           block: int) -> torch.Tensor:
+    """The stated lightning-attention op (export; the emitted program calls :func:`lightning_attention`)."""
+    return lightning_attention(query, key, value, slope, block).contiguous()
+
+
+@lightning_attention_op.register_fake
+def _(query, key, value, slope, block):
+    return value.new_empty(value.shape)
 
 
 def _kernel(path: str):
@@ -198,6 +215,85 @@ def mamba2_chunk_scan_as_op(model: torch.nn.Module):
     """The export substitution of ``autosp::mamba2_chunk_scan`` (its registry record):
     transformers' ``mamba2_chunk_scan``, by name in the model's modeling modules."""
     return _kernel_as_op(model, "mamba2_chunk_scan", _stated_mamba2_chunk_scan)
+
+
+# MiniMax's lightning attention is no module-level function: the loop over blocks sits in
+# the layer's forward. Its substitution is a forward of the layer written from the statement
+# (projections, padding mask, the op, norm, output gate, out projection), admitted per class
+# only where it equals the layer's own forward on random inputs (_lightning_statement).
+_LIGHTNING_PARTS = ("qkv_proj", "act_fn", "norm", "output_gate", "out_proj", "slope_rate", "block_size",
+                    "num_attention_heads", "head_dim")
+_LIGHTNING_CHECKED: dict[type, str | None] = {}  # layer class -> None if its statement holds, else why not
+
+
+def _lightning_forward(layer: torch.nn.Module, padding_mask: Callable):
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        bsz, seq, _ = hidden_states.shape
+        heads, dim = layer.num_attention_heads, layer.head_dim
+        qkv = padding_mask(layer.act_fn(layer.qkv_proj(hidden_states)), attention_mask)
+        q, k, v = torch.split(qkv.reshape(bsz, seq, heads, 3 * dim), dim, dim=3)
+        out = torch.ops.autosp.lightning_attention(q, k, v, layer.slope_rate.reshape(-1), int(layer.block_size))
+        out = layer.norm(out.reshape(bsz, seq, heads * dim))
+        return layer.out_proj(torch.sigmoid(layer.output_gate(hidden_states)) * out), None
+    return forward
+
+
+def _lightning_statement(layer: torch.nn.Module, forward: Callable) -> str | None:
+    """None if ``forward`` equals the layer's own forward (no cache) on random inputs of
+    2 blocks and 3 positions, with a padding mask; else why not."""
+    own = type(layer).forward
+    gen = torch.Generator().manual_seed(0)
+    param = next(layer.parameters())
+    x = torch.randn(2, 2 * int(layer.block_size) + 3, layer.qkv_proj.in_features, generator=gen).to(param)
+    mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)
+    mask[1, :2] = 0  # left padding in the second row
+    try:
+        with torch.no_grad():
+            expected = own(layer, x, None, mask, None)[0]
+            got = forward(x, None, mask, None)[0]
+    except Exception as e:  # noqa: BLE001 - any failure: not admitted
+        return f"its forward could not be run on random inputs ({type(e).__name__}: {e})"
+    scale = expected.abs().max().clamp_min(1e-30)
+    err = float((got - expected).abs().max() / scale)
+    return None if err <= 1e-4 else f"the stated forward differs from the layer's own by {err:.1e} (relative)"
+
+
+@contextlib.contextmanager
+def lightning_attention_as_op(model: torch.nn.Module):
+    """The export substitution of ``autosp::lightning_attention`` (its registry record): each
+    layer of a class named ``*LightningAttention`` that has MiniMax's parts
+    (:data:`_LIGHTNING_PARTS`) runs :func:`_lightning_forward` while exporting, where the
+    class's statement holds (checked once per class); a class where it fails is left to the
+    export, which unrolls its loop for the example's length."""
+    patched = []
+    for layer in model.modules():
+        cls = type(layer)
+        if not cls.__name__.endswith("LightningAttention") or not all(hasattr(layer, a) for a in _LIGHTNING_PARTS):
+            continue
+        padding_mask = getattr(sys.modules.get(cls.__module__), "apply_mask_to_padding_states", None)
+        if padding_mask is None:
+            continue
+        forward = _lightning_forward(layer, padding_mask)
+        if cls not in _LIGHTNING_CHECKED:
+            _LIGHTNING_CHECKED[cls] = _lightning_statement(layer, forward)
+        if _LIGHTNING_CHECKED[cls] is not None:
+            continue
+        original = layer.__dict__.get("forward")
+
+        def stated(*args, _forward=forward, _layer=layer, **kwargs):
+            if kwargs.get("cache") is not None:  # a cache wants the final state: the layer's own forward
+                return type(_layer).forward(_layer, *args, **kwargs)
+            return _forward(*args, **kwargs)
+        layer.forward = stated
+        patched.append((layer, original))
+    try:
+        yield len(patched)
+    finally:
+        for layer, original in patched:
+            if original is None:
+                del layer.forward
+            else:
+                layer.forward = original
 
 
 class _Chained(torch.autograd.Function):
@@ -401,6 +497,25 @@ def _selective_stated(call, decay, out_dtype) -> Stated:
                   out_dtype)
 
 
+def _lightning_stated(run, out_dtype) -> Stated:
+    """Lightning attention's state decays by one scalar per head (``exp(-slope)`` per
+    position): a part's transition is ``exp(-slope L)`` (``T``, ``[B, H, 1, 1]``) and an
+    incoming state reaches output ``t`` through ``q_t exp(-slope (t + 1))`` (the basis)."""
+    def summarise(inputs):
+        q, k, v, slope = inputs
+        bsz, seq, heads, dk = q.shape
+        zero = q.new_zeros(bsz, heads, dk, v.shape[-1])
+        out, final = run(inputs, zero)
+        steps = torch.arange(1, seq + 1, device=q.device, dtype=q.dtype)
+        basis = q * torch.exp(-slope.to(q.dtype)[None, :] * steps[:, None])[None, :, :, None]
+        T = torch.exp(-slope.to(q.dtype) * seq).reshape(1, heads, 1, 1).expand(bsz, heads, 1, 1).contiguous()
+        return out, basis, T, final
+
+    return Stated(summarise, lambda T, S, s: T * S + s,
+                  lambda out0, basis, S: out0 + torch.einsum("bthd,bhde->bthe", basis, S.to(basis.dtype)).to(out0.dtype),
+                  out_dtype)
+
+
 def _prefix(combine, Ts: list, ss: list) -> list:
     """The state each part starts from: zeros, then each part's summary applied in order."""
     starts = [torch.zeros_like(ss[0])]
@@ -580,8 +695,52 @@ def selective_scan(x, dt, A, B, C, D, z, delta_bias, delta_softplus: bool, kerne
                     shape, group, lambda: call(x, dt, B, C, z, A, D, delta_bias, False))
 
 
+def _lightning(q, k, v, slope, block: int, state):
+    """Lightning attention on ``[B, S, H, D]`` from ``state`` (``[B, H, Dk, Dv]``, the
+    decayed sum of ``k_s^T v_s`` over the positions before), block by block: ``o_t = q_t
+    S_t`` with ``S_t = exp(-slope) S_(t-1) + k_t^T v_t`` per head. Returns the outputs and
+    the state after the last position. Each block keeps its ``[L, L]`` scores, never
+    ``[S, S]``."""
+    lam = slope.to(q.dtype)
+    outs = []
+    for a in range(0, q.shape[1], block):
+        qb, kb, vb = q[:, a:a + block], k[:, a:a + block], v[:, a:a + block]
+        i = torch.arange(qb.shape[1], device=q.device, dtype=q.dtype)
+        span = i[:, None] - i[None, :]
+        within = torch.where(span >= 0, torch.exp(-lam[:, None, None] * span.clamp_min(0)), 0.0)  # [H, L, L]
+        scores = torch.einsum("bihd,bjhd->bhij", qb, kb) * within
+        into = torch.exp(-lam[None, :] * (i[:, None] + 1))[None, :, :, None]  # state -> position i
+        outs.append(torch.einsum("bhij,bjhe->bihe", scores, vb) +
+                    torch.einsum("bihd,bhde->bihe", qb * into, state.to(q.dtype)))
+        out_of = torch.exp(-lam[None, :] * (qb.shape[1] - 1 - i)[:, None])[None, :, :, None]  # position -> block end
+        state = state.to(q.dtype) * torch.exp(-lam * qb.shape[1])[None, :, None, None] + \
+            torch.einsum("bjhd,bjhe->bhde", kb * out_of, vb)
+    return (torch.cat(outs, 1) if outs else v.new_zeros(v.shape)), state
+
+
+def lightning_attention(query, key, value, slope, block: int, *, group: str | None = None, method: str = "chain"):
+    """``autosp::lightning_attention`` in the emitted program: MiniMax's lightning attention
+    (a linear attention whose state decays by ``exp(-slope)`` per position and head) on
+    ``[B, S, H, D]`` inputs, ``slope`` ``[H]``. Its statement is :func:`_lightning`'s
+    recurrence, with no normalisation and no restart (as transformers' layer)."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call(LIGHTNING_ATTENTION, query, key, value, slope, block, group=group, method=method)
+
+    def run(inputs, state):
+        q, k, v, s = inputs
+        return _lightning(q, k, v, s, block, state)
+
+    shape = (query.shape[0], query.shape[2], query.shape[3], value.shape[3])
+
+    def whole():
+        return _lightning(query, key, value, slope, block, query.new_zeros(shape))[0]
+    return _sharded(method, run, lambda: _lightning_stated(run, value.dtype), [query, key, value, slope], shape,
+                    group, whole)
+
+
 opaque.register(GATED_DELTA_RULE, gated_delta_rule, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
 opaque.register(MAMBA2_CHUNK_SCAN, mamba2_chunk_scan,
                 lambda x, *rest, **kw: x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32)))
 opaque.register(SELECTIVE_SCAN, selective_scan,
                 lambda x, dt, A, B, C, D, z, *rest, **kw: x.new_empty(x.shape, dtype=_selective_dtype(x, D, z)))
+opaque.register(LIGHTNING_ATTENTION, lightning_attention, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))

@@ -501,6 +501,25 @@ def _mamba1(family):
     return model.float()
 
 
+def _minimax():
+    cfg = transformers.MiniMaxConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, block_size=8,
+                                     num_local_experts=4, num_experts_per_tok=2, use_cache=False,
+                                     layer_types=["linear_attention", "full_attention"], max_position_embeddings=256)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.MiniMaxForCausalLM(cfg)
+    layer = model.model.layers[0].self_attn
+    with torch.no_grad():  # decays of a few hundredths per position: a dropped state shows (with its decay tables)
+        layer.slope_rate.copy_(0.02 + 0.05 * torch.rand_like(layer.slope_rate))
+        for name, table in zip(("query_decay", "key_decay", "diagonal_decay"), layer.decay_factors(layer.slope_rate)):
+            getattr(layer, name).copy_(table)
+    return model.float()
+
+
+_STATED = {"mamba": "selective_scan", "jamba": "selective_scan", "minimax": "lightning_attention",
+           "mamba2": "mamba2_chunk_scan"}
+
+
 def _ssm_body(rank, world, queue, seed, family, control=False):
     """Each of the family's cases at this P (Mamba2, Mamba, Jamba; a case's variant word,
     if any, is the recurrence method asked for): parity, 3 AdamW steps and the bytes kept
@@ -513,7 +532,7 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
         cases = families.at(family, world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
-            model = _mamba2() if family == "mamba2" else _mamba1(family)
+            model = _mamba2() if family == "mamba2" else _minimax() if family == "minimax" else _mamba1(family)
             reference = copy.deepcopy(model)
             compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=(case.variant or ("auto",))[0])
             gen = torch.Generator().manual_seed(seed + i)
@@ -524,7 +543,7 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
                 report = parity(reference, compiled, input_ids=ids, labels=ids)
                 ir = compiled.programs[0].mlir["transformed"]
                 r = {"outputs": report.outputs, "grads": report.max_grad_error, "method": _methods(ir),
-                     "stated": ir.count('torch.operator "torch.autosp.selective_scan"'),
+                     "stated": ir.count(f'torch.operator "torch.autosp.{_STATED[family]}"'),
                      "attention": ir.count("scaled_dot_product_attention")}
                 if not control:
                     r["steps"] = adamw_steps(reference, model, compiled, loss_of,
@@ -536,11 +555,14 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
 
 
 @pytest.mark.parametrize("family,world", [("mamba", w) for w in families.worlds("mamba")] +
-                         [("jamba", w) for w in families.worlds("jamba")])
+                         [("jamba", w) for w in families.worlds("jamba")] +
+                         [("minimax", w) for w in families.worlds("minimax")])
 def test_mamba1_families_match_single_device(family, world, _fresh_seed):
     """Mamba (no attention) and Jamba (Mamba-1 layers with attention and MoE): the selective
     scan stated at export (its torch path is a Python loop over positions, which no
-    symbolic-S export has), run over the ranks as a chain or a prefix."""
+    symbolic-S export has), run over the ranks as a chain or a prefix. MiniMax (a lightning
+    attention layer, a full-attention layer, MoE): the lightning layer's loop over blocks
+    stated as ``autosp::lightning_attention`` the same way."""
     results = run_ranks(_ssm_body, world, args=(_fresh_seed % 10000, family), timeout=600)
     layers = 2 if family == "mamba" else 1
     for rank, by_case in results.items():
@@ -552,7 +574,7 @@ def test_mamba1_families_match_single_device(family, world, _fresh_seed):
             assert r["saved_growth"] <= 2.3, where
 
 
-@pytest.mark.parametrize("family", ["mamba", "jamba"])
+@pytest.mark.parametrize("family", ["mamba", "jamba", "minimax"])
 def test_negative_control_mamba1_without_the_state_is_wrong(family, _fresh_seed):
     results = run_ranks(_ssm_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
     # (Jamba's one Mamba layer adds a small part to the residual: its logits move by ~2e-4,
