@@ -1,4 +1,4 @@
-"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2, Mamba-1): ops with stated semantics.
+"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2, Mamba-1, lightning attention): ops with stated semantics.
 
 transformers' torch paths of these layers call module-level functions:
 
@@ -8,7 +8,10 @@ transformers' torch paths of these layers call module-level functions:
   Nemotron-H, Mamba2): the SSD scan, state ``[B, H, head_dim, d_state]``;
 - ``mamba_selective_scan(x, dt, A, B, C, D, z, delta_bias, ...)`` (Mamba, Falcon-Mamba,
   Jamba, Zamba): Mamba-1's scan on ``[B, d_inner, S]``, state ``[B, d_inner, d_state]``;
-  its torch path is a Python loop over the positions.
+  its torch path is a Python loop over the positions;
+- MiniMax's lightning attention, whose loop over blocks sits in the layer's ``forward``
+  (no module-level function): the layer is stated instead (:func:`lightning_attention_as_op`),
+  state ``[B, H, d_k, d_v]``.
 
 Each pads the sequence to a multiple of its chunk size and loops over the chunks,
 carrying the state from one to the next. Exported, the loop is unrolled for the example's
