@@ -302,12 +302,38 @@ class AttentionBlock(nn.Module):
         return y.transpose(0, 1) if self.seq_first else y
 
 
+class AlibiBlock(nn.Module):
+    """One causal attention block written out (matmul, scale, a per-head ALiBi bias
+    ``[H, 1, S]`` of slopes x key position added to the scores, causal mask, softmax,
+    matmul), as MPT writes it, on hidden states ``[B, S, D]``."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads), persistent=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        keys = torch.arange(s, device=x.device, dtype=x.dtype)
+        bias = (self.slopes[:, None, None] * keys[None, None, :])  # [H, 1, S]
+        scores = q @ k.transpose(-1, -2) / self.head_dim ** 0.5 + bias
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        return x + self.out((weights @ v).transpose(1, 2).reshape(b, s, d))
+
+
 def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
     """``(model, args, kwargs, seq_dim)`` for a named reference model, with random inputs.
 
     Names: ``attention`` (SDPA block), ``attention-seq-first``, ``llama`` (GQA, tied,
-    loss inside), ``gpt2`` (manual attention, learned positions, loss inside).
+    loss inside), ``gpt2`` (manual attention, learned positions, loss inside), ``alibi``
+    (manual attention with a per-head ALiBi bias).
     """
+    if name == "alibi":
+        return AlibiBlock(32, 4), (torch.randn(batch, seq, 32),), {}, 1
     if name == "attention":
         return AttentionBlock(32, 4), (torch.randn(batch, seq, 32),), {}, 1
     if name == "attention-seq-first":
@@ -320,4 +346,4 @@ def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
         model = GPT2Like(GPT2Config(vocab=64, hidden=32, layers=layers, heads=4))
         ids, labels = torch.randint(0, 64, (2, batch, seq))
         return model, (ids,), {"labels": labels}, 1
-    raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2)")
+    raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2, alibi)")

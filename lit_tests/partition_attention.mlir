@@ -125,6 +125,19 @@ func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", auto
 // MANUAL: "autosp.all_to_all"(%[[O]]) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64} : (!torch.vtensor<[2,2,?,8],f32>) -> !torch.vtensor<[2,4,?,8],f32>
 // MANUAL-NOT: autosp.all_to_all
 
+// A per-head bias from outside attention (ALiBi as MPT writes it: slopes x key position,
+// [H, 1, S], added to the [B, H, S, S] scores): each rank holds its heads over the whole
+// sequence in there, so the bias, computed whole on every rank, is cut to the same heads.
+// RUN: %python -m autosp.frontend alibi | autosp-opt --autosp-partition-attention=sp-size=2 | FileCheck %s --check-prefix=ALIBI
+// ALIBI-LABEL: func.func @main(
+// ALIBI-COUNT-2: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
+// ALIBI: %[[BIAS:.*]] = "autosp.local_heads"(%{{.*}}) {dim = 0 : i64, group = "sp", heads = 4 : i64} : (!torch.vtensor<[4,1,?],f32>) -> !torch.vtensor<[2,1,?],f32>
+// ALIBI: torch.aten.add.Tensor %{{.*}}, %[[BIAS]], %{{.*}} : !torch.vtensor<[2,2,?,?],f32>, !torch.vtensor<[2,1,?],f32>, !torch.int -> !torch.vtensor<[2,2,?,?],f32>
+// ALIBI: torch.aten.softmax.int {{.*}} -> !torch.vtensor<[2,2,?,?],f32>
+// ALIBI: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
+// ALIBI: "autosp.all_to_all"({{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64}
+// ALIBI-NOT: autosp.local_heads
+
 // -----
 
 // GQA repeated by the model (repeat_kv: unsqueeze -> broadcast -> view) with KV heads

@@ -52,6 +52,7 @@ from autosp.ir.contract import (
     DOCUMENTS_ATTR,
     EMPTY_ROWS_ATTR,
     KEY_PADDING_ATTR,
+    LOCAL_HEADS,
     RING_ATTENTION,
     SCAN_METHOD_ATTR,
     SINK_HEADS_ATTR,
@@ -622,18 +623,47 @@ def partition_manual(softmax, info: SequenceInfo, sp_size: int, group: str, seq_
             r.set_type(_divide_heads(r.type, batch, heads, sp_size))
         if op_name(op) in ops.SIZE_LIST_OPS:
             _divide_heads_in_list(op, batch, heads, sp_size)
-        for operand in op.operands:
-            shape = b.vtensor_shape(operand.type)
-            source = producer(operand)
-            if shape and source is not None and operand not in region_results and \
-                    op_name(source) != ALL_TO_ALL and len(shape[0]) == 4 and shape[0][HEAD_DIM] not in (1,):
-                raise DiagnosticError.at(op, f"mixes a per-head tensor {operand.type} from outside attention into "
-                                             "the scores; autosp cannot split its heads yet")
+        for i, operand in enumerate(op.operands):
+            if operand in region_results or (producer(operand) is not None and
+                                             op_name(producer(operand)) == ALL_TO_ALL):
+                continue
+            dim = _per_head_dim(op, operand, batch, heads)
+            if dim is not None:  # a per-head bias from outside: this rank's heads of it
+                op.operands[i] = _local_heads(op, operand, dim, heads, sp_size, group)
     out_shape, out_dtype = _tensor_shape(softmax, out, "the attention output")
     with ir.InsertionPoint.after(out.owner), softmax.location:
         back = b.autosp_op(ALL_TO_ALL, [out], b.vtensor_type([batch, heads, None, out_shape[3]], out_dtype),
                            split_dim=SEQ_DIM, concat_dim=HEAD_DIM, seq_dim=SEQ_DIM, group=group)
     out.replace_all_uses_except(back, back.owner.operation)
+
+
+def _per_head_dim(op, operand, batch: int, heads: int) -> int | None:
+    """The dim of ``operand`` (from outside the attention region, replicated) that meets the
+    heads of ``op``'s result, where it holds them (``heads``, or ``batch * heads`` in the
+    folded ``[B * H, S, S]`` form); None where it broadcasts over them (size 1) or the
+    operand is no tensor of at least that rank. Another size there is an error."""
+    shape, result = b.vtensor_shape(operand.type), b.vtensor_shape(op.results[0].type) if op.results else None
+    if shape is None or result is None or len(result[0]) not in (3, 4):
+        return None
+    at = len(shape[0]) - (len(result[0]) - (HEAD_DIM if len(result[0]) == 4 else 0))  # aligned from the right
+    if at < 0:
+        return None
+    size = shape[0][at]
+    if size == 1:
+        return None
+    if size == (heads if len(result[0]) == 4 else batch * heads):
+        return at
+    raise DiagnosticError.at(op, f"mixes a tensor {operand.type} from outside attention into the scores whose dim "
+                                 f"{at} ({size}) neither holds the {heads} heads nor broadcasts over them")
+
+
+def _local_heads(op, operand, dim: int, heads: int, sp_size: int, group: str) -> ir.Value:
+    """``autosp.local_heads`` of ``operand`` before ``op``: this rank's heads (a new value per use)."""
+    shape, dtype = b.vtensor_shape(operand.type)  # type: ignore[misc]
+    local = list(shape)
+    local[dim] = shape[dim] // sp_size  # type: ignore[operator]
+    with ir.InsertionPoint(op), op.location:
+        return b.autosp_op(LOCAL_HEADS, [operand], b.vtensor_type(local, dtype), dim=dim, heads=heads, group=group)
 
 
 def _divide_heads(type_, batch: int, heads: int, p: int):

@@ -26,7 +26,7 @@ from torch_mlir import ir
 
 from autosp.ir import ops
 from autosp.ir.builders import vtensor_shape
-from autosp.ir.contract import ALL_TO_ALL, RING_ATTENTION
+from autosp.ir.contract import ALL_TO_ALL, LOCAL_HEADS, RING_ATTENTION
 from autosp.ir.core import const_bool, const_float, const_int, is_none, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.sequence import Linear, SequenceInfo
@@ -83,6 +83,7 @@ class OpClass(enum.Enum):
 
     TO_HEADS = "all_to_all to heads"
     TO_SEQUENCE = "all_to_all to sequence"
+    LOCAL_HEADS = "local heads"  # a replicated per-head tensor -> this rank's heads (inside Ulysses)
     RING = "ring attention"  # q, k, v sharded alike -> output sharded alike
     SUM = "sum"  # over the sequence: local sum + all-reduce
     SLICE = "slice"  # along the sequence: narrows the window
@@ -104,6 +105,8 @@ def op_class(op) -> OpClass:
         return OpClass.TO_HEADS if to_heads else OpClass.TO_SEQUENCE
     if name == RING_ATTENTION:
         return OpClass.RING
+    if name == LOCAL_HEADS:
+        return OpClass.LOCAL_HEADS
     if name == "torch.operator":
         inner = _schema_name(op)
         if inner in ops.COUNTING_OPS:
@@ -185,6 +188,10 @@ class Rules:
             if layouts[0] != SequenceSharded(seq_dim):
                 raise DiagnosticError.at(op, "attention inputs must be sequence-sharded on the whole sequence "
                                              f"along dim {seq_dim}, got {layouts[0]}")
+            return Decision(HEAD_SHARDED)
+        if kind is OpClass.LOCAL_HEADS:
+            if layouts[0] != REPLICATED:
+                raise DiagnosticError.at(op, f"takes this rank's heads of a replicated tensor, got {layouts[0]}")
             return Decision(HEAD_SHARDED)
         if kind is OpClass.TO_SEQUENCE:
             if layouts[0] != HEAD_SHARDED:

@@ -86,6 +86,7 @@ _AUTOSP_OPS = {
     contract.REWINDOW: (collectives.rewindow, ("x", "seq_len")),
     contract.LOCAL_LEN: (collectives.local_len, ("seq_len",)),
     contract.HALO: (collectives.halo, ("x", "seq_len")),
+    contract.LOCAL_HEADS: (collectives.local_heads, ("x",)),
     contract.GRAD_SHARE: (collectives.grad_share, ("x",)),
     contract.MASKED_SCATTER: (collectives.masked_scatter, ("x", "mask", "source", "seq_len")),
     contract.LOCAL_POSITIONS: (sequence_ops.local_positions, ("positions", "seq_len")),

@@ -114,6 +114,19 @@ irdl.dialect @autosp {
   // A sharded value on the window (lo, trim) along `dim` with the `width` positions
   // before this rank's part prepended (zeros before the window): the input of a causal
   // convolution of kernel width + 1, run without padding (autosp-shard-sequence).
+  // local_heads(input): this rank's block of `heads` heads along `dim` (or batch x heads
+  // folded there) of a replicated per-head tensor mixed into Ulysses attention (a position
+  // bias); no communication.
+  irdl.operation @local_heads {
+    %tensor = irdl.base "!torch.vtensor"
+    %result = irdl.base "!torch.vtensor"
+    %dim = irdl.base "#builtin.integer"
+    %heads = irdl.base "#builtin.integer"
+    %group = irdl.base "#builtin.string"
+    irdl.operands(input: %tensor)
+    irdl.results(output: %result)
+    irdl.attributes { "dim" = %dim, "heads" = %heads, "group" = %group }
+  }
   irdl.operation @halo {
     %tensor = irdl.base "!torch.vtensor"
     %result = irdl.base "!torch.vtensor"

@@ -84,6 +84,8 @@ MASKED_SCATTER = _op("autosp.masked_scatter",
                      "masked_scatter of a replicated source into sharded values: each rank takes its rows")
 GRAD_SHARE = _op("autosp.grad_share",
                  "identity forward; backward 1/P of the gradient: a value every rank computes whole")
+LOCAL_HEADS = _op("autosp.local_heads", "replicated -> this rank's block of heads of a per-head tensor mixed into "
+                  "Ulysses attention (a position bias), no communication")
 HALO = _op("autosp.halo", "a shard with the positions before it prepended: a causal convolution's input")
 VOCAB_LOGPROB = _op("autosp.vocab_logprob", "the LM head's log-probability of each label, in row chunks")
 LOCAL_POSITIONS = _op("autosp.local_positions",

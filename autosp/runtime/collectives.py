@@ -516,6 +516,22 @@ class _GradShare(torch.autograd.Function):
         return grad / ctx.size, None
 
 
+def local_heads(x: torch.Tensor, dim: int, heads: int, group: str) -> torch.Tensor:
+    """``autosp.local_heads``: this rank's heads of ``x``, a replicated per-head tensor mixed
+    into Ulysses attention (a position bias), no communication. Dim ``dim`` holds the
+    ``heads`` heads, or batch x heads folded (BLOOM's ``[B * H, ...]``); rank r takes heads
+    ``[r H/P, (r + 1) H/P)``, the block its all-to-all to heads gives it. Its gradient is
+    this rank's heads' (the others' are zero here and summed over the ranks with the
+    parameters', as for every replicated value)."""
+    p = group_size(group)
+    if p == 1:
+        return x
+    n, r = heads // p, group_rank(group)
+    if x.shape[dim] == heads:
+        return x.narrow(dim, r * n, n)
+    return x.unflatten(dim, (-1, heads)).narrow(dim + 1, r * n, n).flatten(dim, dim + 1)
+
+
 def grad_share(x: torch.Tensor, group: str) -> torch.Tensor:
     """``autosp.grad_share``: ``x`` (computed whole on every rank from the parameters, e.g.
     a vision tower's returned states) with 1/P of its gradient in backward: every rank

@@ -48,6 +48,9 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
                       (4, 19, "ulysses full"), (4, 19, "hybrid pad full"), (4, 20, "ulysses pad full")),
     "moe": _cases((2, 15, "mixtral"), (2, 15, "mixtral_masked"), (2, 15, "qwen3_moe"), (2, 15, "hand"),
                   (4, 19, "mixtral")),
+    # per-head position biases inside written-out attention (test_position_biases)
+    "mpt": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
+    "bloom": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     # recurrences (test_recurrences)
     "mamba2": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     # (variant word: the recurrence method asked for)

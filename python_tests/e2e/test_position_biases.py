@@ -1,0 +1,99 @@
+"""Per-head position biases inside attention the model writes out: MPT's ALiBi (``[H, 1, S]``
+added to the scores) and BLOOM's (``baddbmm(alibi, q, kᵀ)`` on ``[B * H, S, D]``, the heads
+folded into the batch), unmodified, sequence-parallel.
+
+Under Ulysses each rank holds its heads over the whole sequence; the bias, computed whole
+on every rank, must be cut to the same heads (``autosp.local_heads``, inserted by
+``autosp-partition-attention`` where a tensor from outside attention holds the heads). Every
+rank checks the loss, the gathered logits, every gradient and 3 AdamW steps against
+single-device eager on the full sequence. BLOOM's GeLU is its own autograd Function (kept
+whole, no environment variable). Control: each rank taking the next rank's heads of the
+bias must fail."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import families  # noqa: E402
+
+from autosp.testing.distributed import run_ranks  # noqa: E402
+
+TOL = 1e-5
+VOCAB = 128
+
+
+def _model(family):
+    if family == "mpt":
+        cfg = transformers.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, max_seq_len=128,
+                                     expansion_ratio=2, use_cache=False)
+        return transformers.MptForCausalLM(cfg)
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_head=4, n_layer=2, use_cache=False)
+    return transformers.BloomForCausalLM(cfg)
+
+
+def _next_ranks_heads(x, dim, heads, group):
+    """The control: this rank takes the next rank's block of heads."""
+    from autosp.runtime import collectives
+    p = collectives.group_size(group)
+    n, r = heads // p, (collectives.group_rank(group) + 1) % p
+    if x.shape[dim] == heads:
+        return x.narrow(dim, r * n, n)
+    return x.unflatten(dim, (-1, heads)).narrow(dim + 1, r * n, n).flatten(dim, dim + 1)
+
+
+def _body(rank, world, queue, seed, family, control=False):
+    import autosp
+    from autosp.backend import fx_emitter
+    from autosp.ir import contract
+    from autosp.testing.parity import adamw_steps, parity
+    original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
+    if control:  # restored below: pooled ranks run the next test in this process
+        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, original[1])
+    out = {}
+    try:
+        cases = families.at(family, world)
+        for i, case in enumerate(cases[:1] if control else cases):
+            torch.manual_seed(seed + i)
+            model = _model(family)
+            reference = copy.deepcopy(model)
+            compiled = autosp.compile(model, gather_outputs=True)
+            gen = torch.Generator().manual_seed(seed + i)
+            ids = torch.randint(0, VOCAB, (2, case.seq), generator=gen)
+            loss_of = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = parity(reference, compiled, input_ids=ids, labels=ids)
+                ir = compiled.programs[0].mlir["transformed"]
+                r = {"outputs": report.max_output_error, "grads": report.max_grad_error,
+                     "local_heads": ir.count('"autosp.local_heads"'), "functions": ir.count("autograd_function")}
+                if not control:
+                    r["steps"] = adamw_steps(reference, model, compiled, loss_of,
+                                             [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
+            out[case.id()] = r
+    finally:
+        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
+    queue.put((rank, out))
+
+
+@pytest.mark.parametrize("family,world", [("mpt", w) for w in families.worlds("mpt")] +
+                         [("bloom", w) for w in families.worlds("bloom")])
+def test_alibi_models_match_single_device(family, world, _fresh_seed):
+    results = run_ranks(_body, world, args=(_fresh_seed % 10000, family), timeout=600)
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            where = f"rank {rank}, {family} {case}: {r}"
+            assert r["outputs"] <= TOL and r["grads"] <= TOL, where
+            assert all(g <= TOL and q <= TOL for g, q in r["steps"]), where
+            assert r["local_heads"] == 2, where  # one bias per layer, cut to the rank's heads
+            if family == "bloom":
+                assert r["functions"] > 0, where  # its GeLU: its own autograd Function, kept
+
+
+@pytest.mark.parametrize("family", ["mpt", "bloom"])
+def test_negative_control_the_next_ranks_heads_of_the_bias_fail(family, _fresh_seed):
+    results = run_ranks(_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
+    assert min(max(r["outputs"], r["grads"]) for by_case in results.values() for r in by_case.values()) > 1e-3, \
+        results
