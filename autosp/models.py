@@ -325,13 +325,38 @@ class AlibiBlock(nn.Module):
         return x + self.out((weights @ v).transpose(1, 2).reshape(b, s, d))
 
 
+class RelativeBiasBlock(nn.Module):
+    """One bidirectional SDPA attention block whose ``attn_mask`` is a per-head bias from a
+    learned table of clipped key - query distances (``[1, H, S, S]``, as T5 passes its
+    bucketed position bias), on hidden states ``[B, S, D]``."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4, reach: int = 4):
+        super().__init__()
+        self.heads, self.head_dim, self.reach = heads, hidden // heads, reach
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.table = nn.Embedding(2 * reach + 1, heads)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(s, device=x.device)
+        distance = (pos[None, :] - pos[:, None]).clamp(-self.reach, self.reach) + self.reach
+        bias = self.table(distance).permute(2, 0, 1)[None]  # [1, H, S, S]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return x + self.out(o.transpose(1, 2).reshape(b, s, d))
+
+
 def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
     """``(model, args, kwargs, seq_dim)`` for a named reference model, with random inputs.
 
     Names: ``attention`` (SDPA block), ``attention-seq-first``, ``llama`` (GQA, tied,
     loss inside), ``gpt2`` (manual attention, learned positions, loss inside), ``alibi``
-    (manual attention with a per-head ALiBi bias).
+    (manual attention with a per-head ALiBi bias), ``relative-bias`` (SDPA with a learned
+    per-head bias as its ``attn_mask``).
     """
+    if name == "relative-bias":
+        return RelativeBiasBlock(32, 4), (torch.randn(batch, seq, 32),), {}, 1
     if name == "alibi":
         return AlibiBlock(32, 4), (torch.randn(batch, seq, 32),), {}, 1
     if name == "attention":
@@ -346,4 +371,5 @@ def reference_model(name: str, layers: int = 1, seq: int = 16, batch: int = 2):
         model = GPT2Like(GPT2Config(vocab=64, hidden=32, layers=layers, heads=4))
         ids, labels = torch.randint(0, 64, (2, batch, seq))
         return model, (ids,), {"labels": labels}, 1
-    raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2, alibi)")
+    raise ValueError(f"unknown reference model '{name}' (attention, attention-seq-first, llama, gpt2, alibi, "
+                     "relative-bias)")

@@ -138,6 +138,15 @@ func.func @mqa(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", auto
 // ALIBI: "autosp.all_to_all"({{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64}
 // ALIBI-NOT: autosp.local_heads
 
+// SDPA whose attn_mask is a per-head bias (T5's bucketed relative positions: a learned
+// table of key - query distances, [1, H, S, S]): cut to the rank's heads like the query.
+// RUN: %python -m autosp.frontend relative-bias | autosp-opt --autosp-partition-attention=sp-size=2 | FileCheck %s --check-prefix=RELBIAS
+// RELBIAS-LABEL: func.func @main(
+// RELBIAS-COUNT-3: "autosp.all_to_all"({{.*}}) {concat_dim = 2 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 1 : i64}
+// RELBIAS: %[[BIAS:.*]] = "autosp.local_heads"(%{{.*}}) {dim = 1 : i64, group = "sp", heads = 4 : i64} : (!torch.vtensor<[1,4,?,?],f32>) -> !torch.vtensor<[1,2,?,?],f32>
+// RELBIAS: torch.aten.scaled_dot_product_attention %{{.*}}, %{{.*}}, %{{.*}}, %[[BIAS]], {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
+// RELBIAS: "autosp.all_to_all"({{.*}}) {concat_dim = 1 : i64, group = "sp", seq_dim = 2 : i64, split_dim = 2 : i64}
+
 // -----
 
 // GQA repeated by the model (repeat_kv: unsqueeze -> broadcast -> view) with KV heads

@@ -40,3 +40,20 @@ func.func @no_attention(%x: !torch.vtensor<[2,?],f32> {autosp.input = "args[0]",
   torch.bind_symbolic_shape %x, [%s], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
   return %x : !torch.vtensor<[2,?],f32>
 }
+
+// -----
+
+// An attn_mask whose head dim (3) neither holds the 8 query heads nor broadcasts over them.
+func.func @mask_heads(%q: !torch.vtensor<[2,8,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                      %m: !torch.vtensor<[2,3,?,?],f32> {autosp.input = "args[1]"})
+    -> !torch.vtensor<[2,8,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 8, s0, 8)> : !torch.vtensor<[2,8,?,8],f32>
+  torch.bind_symbolic_shape %m, [%s], affine_map<()[s0] -> (2, 3, s0, s0)> : !torch.vtensor<[2,3,?,?],f32>
+  // expected-error@+1 {{has an attn_mask !torch.vtensor<[2,3,?,?],f32> whose head dim neither holds the 8 query heads nor broadcasts over them}}
+  %0 = torch.aten.scaled_dot_product_attention %q, %q, %q, %m, %float0, %false, %none, %false : !torch.vtensor<[2,8,?,8],f32>, !torch.vtensor<[2,8,?,8],f32>, !torch.vtensor<[2,8,?,8],f32>, !torch.vtensor<[2,3,?,?],f32>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,8,?,8],f32>
+  return %0 : !torch.vtensor<[2,8,?,8],f32>
+}

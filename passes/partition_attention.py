@@ -251,13 +251,15 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     if heads % sp_size:
         raise DiagnosticError.at(op, f"query heads ({heads}) are not divisible by sp-size {sp_size}: "
                                      "Ulysses attention gives each rank heads/sp-size heads")
+    per_head_mask = False
     if not is_none(mask):
         # Inside Ulysses attention queries and keys are whole, so a [.., S, S] mask is used
-        # whole; only a per-head mask would need slicing.
+        # whole; a per-head mask (T5's position bias) is cut to the rank's heads.
         mask_shape = b.vtensor_shape(mask.type)
-        if mask_shape is None or (len(mask_shape[0]) == 4 and mask_shape[0][HEAD_DIM] not in (1,)):
-            raise DiagnosticError.at(op, f"has a per-head attn_mask {mask.type}; autosp supports masks that "
-                                         "broadcast over heads")
+        per_head_mask = mask_shape is not None and len(mask_shape[0]) == 4 and mask_shape[0][HEAD_DIM] == heads
+        if mask_shape is None or (len(mask_shape[0]) == 4 and mask_shape[0][HEAD_DIM] not in (1, heads)):
+            raise DiagnosticError.at(op, f"has an attn_mask {mask.type} whose head dim neither holds the {heads} "
+                                         "query heads nor broadcasts over them")
     repeat = 1
     if kv_heads % sp_size:
         if sp_size % kv_heads:
@@ -305,6 +307,11 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
 
         new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
         new_operands += list(op.operands[3:])
+        if per_head_mask:
+            mask_shape, mask_dtype = b.vtensor_shape(mask.type)  # type: ignore[misc]
+            local_mask = [mask_shape[0], heads // sp_size, *mask_shape[2:]]
+            new_operands[3] = b.autosp_op(LOCAL_HEADS, [mask], b.vtensor_type(local_mask, mask_dtype), dim=HEAD_DIM,
+                                          heads=heads, group=group)
         out_shape, out_dtype = _tensor_shape(op, op.results[0], "the result")
         out_heads = out_shape[HEAD_DIM]
         if out_heads is None:

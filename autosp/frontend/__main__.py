@@ -15,7 +15,7 @@ import torch
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autosp.frontend", description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="attention, attention-seq-first, llama, gpt2 or alibi")
+    parser.add_argument("model", help="attention, attention-seq-first, llama, gpt2, alibi or relative-bias")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("-o", dest="output", default="-")

@@ -51,6 +51,7 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     # per-head position biases inside written-out attention (test_position_biases)
     "mpt": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     "bloom": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
+    "t5": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),  # an encoder, token classification
     # recurrences (test_recurrences)
     "mamba2": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     # (variant word: the recurrence method asked for)

@@ -1,6 +1,8 @@
-"""Per-head position biases inside attention the model writes out: MPT's ALiBi (``[H, 1, S]``
-added to the scores) and BLOOM's (``baddbmm(alibi, q, kᵀ)`` on ``[B * H, S, D]``, the heads
-folded into the batch), unmodified, sequence-parallel.
+"""Per-head position biases inside attention: MPT's ALiBi (``[H, 1, S]`` added to the scores
+it writes out), BLOOM's (``baddbmm(alibi, q, kᵀ)`` on ``[B * H, S, D]``, the heads folded
+into the batch) and T5's bucketed relative bias (a learned table, ``[B, H, S, S]`` with the
+padding mask, SDPA's ``attn_mask``; an encoder with a token-classification head),
+unmodified, sequence-parallel.
 
 Under Ulysses each rank holds its heads over the whole sequence; the bias, computed whole
 on every rank, must be cut to the same heads (``autosp.local_heads``, inserted by
@@ -30,8 +32,16 @@ def _model(family):
         cfg = transformers.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, max_seq_len=128,
                                      expansion_ratio=2, use_cache=False)
         return transformers.MptForCausalLM(cfg)
+    if family == "t5":  # (dropout off: the reference and the compiled model draw other masks)
+        cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                    relative_attention_num_buckets=8, num_labels=3, dropout_rate=0.0)
+        return transformers.T5ForTokenClassification(cfg)
     cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_head=4, n_layer=2, use_cache=False)
     return transformers.BloomForCausalLM(cfg)
+
+
+def _labels(family, ids):
+    return ids % 3 if family == "t5" else ids
 
 
 def _next_ranks_heads(x, dim, heads, group):
@@ -62,10 +72,10 @@ def _body(rank, world, queue, seed, family, control=False):
             compiled = autosp.compile(model, gather_outputs=True)
             gen = torch.Generator().manual_seed(seed + i)
             ids = torch.randint(0, VOCAB, (2, case.seq), generator=gen)
-            loss_of = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
+            loss_of = lambda m, x: m(input_ids=x, labels=_labels(family, x)).loss  # noqa: E731
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                report = parity(reference, compiled, input_ids=ids, labels=ids)
+                report = parity(reference, compiled, input_ids=ids, labels=_labels(family, ids))
                 ir = compiled.programs[0].mlir["transformed"]
                 r = {"outputs": report.max_output_error, "grads": report.max_grad_error,
                      "local_heads": ir.count('"autosp.local_heads"'), "functions": ir.count("autograd_function")}
@@ -79,20 +89,21 @@ def _body(rank, world, queue, seed, family, control=False):
 
 
 @pytest.mark.parametrize("family,world", [("mpt", w) for w in families.worlds("mpt")] +
-                         [("bloom", w) for w in families.worlds("bloom")])
-def test_alibi_models_match_single_device(family, world, _fresh_seed):
+                         [("bloom", w) for w in families.worlds("bloom")] +
+                         [("t5", w) for w in families.worlds("t5")])
+def test_position_bias_models_match_single_device(family, world, _fresh_seed):
     results = run_ranks(_body, world, args=(_fresh_seed % 10000, family), timeout=600)
     for rank, by_case in results.items():
         for case, r in by_case.items():
             where = f"rank {rank}, {family} {case}: {r}"
             assert r["outputs"] <= TOL and r["grads"] <= TOL, where
             assert all(g <= TOL and q <= TOL for g, q in r["steps"]), where
-            assert r["local_heads"] == 2, where  # one bias per layer, cut to the rank's heads
+            assert r["local_heads"] == 2, where  # one bias per layer (T5: per layer's attn_mask), cut to the heads
             if family == "bloom":
                 assert r["functions"] > 0, where  # its GeLU: its own autograd Function, kept
 
 
-@pytest.mark.parametrize("family", ["mpt", "bloom"])
+@pytest.mark.parametrize("family", ["mpt", "bloom", "t5"])
 def test_negative_control_the_next_ranks_heads_of_the_bias_fail(family, _fresh_seed):
     results = run_ranks(_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
     assert min(max(r["outputs"], r["grads"]) for by_case in results.values() for r in by_case.values()) > 1e-3, \
