@@ -428,6 +428,9 @@ def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, 
                 raise DiagnosticError.at(op, f"cannot run on each rank's heads (recurrence=heads): it needs a Gated "
                                              f"DeltaNet op whose key and value heads are static and divide by "
                                              f"{sp_size}")
+            if forced == "prefix" and ops.operator_name(op) == ops.MLSTM:
+                raise DiagnosticError.at(op, "cannot run as a prefix (recurrence=prefix): xLSTM's mLSTM is not linear "
+                                             "in its state (its max stabilizer); it runs as a chain")
             method, reason = forced, f"{ops.operator_name(op)}: {forced} (requested)"
         elif shape is None:
             method, reason = ("heads" if heads_ok else "chain"), f"{ops.operator_name(op)}: sizes not static, " \

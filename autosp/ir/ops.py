@@ -104,6 +104,7 @@ GATED_DELTA_RULE = "torch.autosp.gated_delta_rule"
 MAMBA2_CHUNK_SCAN = "torch.autosp.mamba2_chunk_scan"
 SELECTIVE_SCAN = "torch.autosp.selective_scan"
 LIGHTNING_ATTENTION = "torch.autosp.lightning_attention"
+MLSTM = "torch.autosp.mlstm"
 # Ops whose operand 1 is a list of sizes of the result.
 SIZE_LIST_OPS = ("torch.aten.view", "torch.aten.reshape", "torch.aten.broadcast_to", "torch.aten.expand",
                  "torch.aten._unsafe_view")

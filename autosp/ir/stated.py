@@ -92,6 +92,11 @@ STATED_OPS: tuple[StatedOp, ...] = (
              "stated per class (*LightningAttention with MiniMax's parts) where it equals the layer's own on random "
              "inputs; the layer's loop over blocks is never exported",
              "autosp.runtime.recurrences:lightning_attention_as_op"),
+    StatedOp("torch.autosp.mlstm", RECURRENCE, "autosp.runtime.recurrences:mlstm",
+             "xLSTM's mLSTM, its backend module (transformers' xLSTMBackend, by class and configuration) for calls "
+             "without initial states, where it equals the backend's own on random inputs; a chain only (its max "
+             "stabilizer is not linear in the state)",
+             "autosp.runtime.recurrences:mlstm_as_op"),
 )
 _BY_NAME = {s.op: s for s in STATED_OPS}
 

@@ -1,4 +1,4 @@
-"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2, Mamba-1, lightning attention): ops with stated semantics.
+"""Linear-recurrence layers as transformers ships them (Gated DeltaNet, Mamba2, Mamba-1, lightning attention, mLSTM): ops with stated semantics.
 
 transformers' torch paths of these layers call module-level functions:
 
@@ -11,7 +11,9 @@ transformers' torch paths of these layers call module-level functions:
   its torch path is a Python loop over the positions;
 - MiniMax's lightning attention, whose loop over blocks sits in the layer's ``forward``
   (no module-level function): the layer is stated instead (:func:`lightning_attention_as_op`),
-  state ``[B, H, d_k, d_v]``.
+  state ``[B, H, d_k, d_v]``;
+- xLSTM's mLSTM, run by the backend module transformers builds from its configuration
+  (:func:`mlstm_as_op`), state ``(C, n, m)``; not linear in it (a chain only).
 
 Each pads the sequence to a multiple of its chunk size and loops over the chunks,
 carrying the state from one to the next. Exported, the loop is unrolled for the example's
@@ -51,9 +53,12 @@ asked for: a cache) runs the kernel as exported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
+import json
 import sys
+import types
 from collections.abc import Callable
 
 import torch
@@ -64,6 +69,7 @@ from autosp.ir.ops import (  # as they import (torch.operator)
     GATED_DELTA_RULE,
     LIGHTNING_ATTENTION,
     MAMBA2_CHUNK_SCAN,
+    MLSTM,
     SELECTIVE_SCAN,
 )
 from autosp.runtime import opaque
@@ -126,6 +132,18 @@ def lightning_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.
 
 @lightning_attention_op.register_fake
 def _(query, key, value, slope, block):
+    return value.new_empty(value.shape)
+
+
+@torch.library.custom_op("autosp::mlstm", mutates_args=())
+def mlstm_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, igate: torch.Tensor, fgate: torch.Tensor,
+             backend: str) -> torch.Tensor:
+    """The stated mLSTM op (export; the emitted program calls :func:`mlstm`)."""
+    return mlstm(query, key, value, igate, fgate, backend).contiguous()
+
+
+@mlstm_op.register_fake
+def _(query, key, value, igate, fgate, backend):
     return value.new_empty(value.shape)
 
 
@@ -297,6 +315,97 @@ def lightning_attention_as_op(model: torch.nn.Module):
                 del layer.forward
             else:
                 layer.forward = original
+
+
+# xLSTM's mLSTM: its backend module (transformers' xLSTMBackend, configured by mode, chunk
+# size and eps) runs the kernels and takes initial states (C, n, m) and returns the last
+# ones. The stated op names the backend by its class and configuration (JSON), so any
+# process builds the same backend; the substitution is checked per class on random inputs.
+_MLSTM_CONFIG = ("mode", "chunk_size", "eps", "inference_state_dtype", "autocast_kernel_dtype", "return_last_states")
+_MLSTM_CHECKED: dict[type, str | None] = {}
+
+
+@functools.cache
+def _mlstm_backend(key: str):
+    """The backend module ``key`` names (built once per process)."""
+    spec = json.loads(key)
+    module, _, name = spec["cls"].partition(":")
+    return getattr(importlib.import_module(module), name)(types.SimpleNamespace(**spec["config"]))
+
+
+def _mlstm_key(backend: torch.nn.Module) -> str:
+    cls = type(backend)
+    return json.dumps({"cls": f"{cls.__module__}:{cls.__qualname__}",
+                       "config": {n: getattr(backend.config, n) for n in _MLSTM_CONFIG}}, sort_keys=True)
+
+
+def _mlstm_forward(backend: torch.nn.Module, key: str):
+    def forward(query, key_, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,
+                return_last_states=None, mode=None):
+        h = torch.ops.autosp.mlstm(query.transpose(1, 2), key_.transpose(1, 2), value.transpose(1, 2),
+                                   igate.transpose(1, 2), fgate.transpose(1, 2), key).transpose(1, 2)
+        returns_states = "inference" in backend.config.mode or (
+            return_last_states if return_last_states is not None else backend.config.return_last_states)
+        return (h, None) if returns_states else h
+    return forward
+
+
+def _mlstm_statement(backend: torch.nn.Module, key: str) -> str | None:
+    """None if the stated forward equals the backend's own on random inputs (2 chunks and 3
+    positions, 2 heads); else why not."""
+    gen = torch.Generator().manual_seed(0)
+    chunk = int(backend.config.chunk_size)
+    q, k, v = (torch.randn(2, 2, 2 * chunk + 3, 8, generator=gen) for _ in range(3))
+    i, f = (3 * torch.randn(2, 2, 2 * chunk + 3, generator=gen) for _ in range(2))
+    try:
+        with torch.no_grad():
+            own = backend(query=q, key=k, value=v, igate=i, fgate=f, return_last_states=True)
+            got = mlstm(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), i.transpose(1, 2),
+                        f.transpose(1, 2), key).transpose(1, 2)
+    except Exception as e:  # noqa: BLE001 - any failure: not admitted
+        return f"its backend could not be run on random inputs ({type(e).__name__}: {e})"
+    expected = own[0] if isinstance(own, tuple) else own
+    err = float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+    return None if err <= 1e-4 else f"the stated op differs from the backend's own by {err:.1e} (relative)"
+
+
+@contextlib.contextmanager
+def mlstm_as_op(model: torch.nn.Module):
+    """The export substitution of ``autosp::mlstm`` (its registry record): each xLSTM backend
+    module (a class named ``xLSTMBackend`` with the configuration :data:`_MLSTM_CONFIG`)
+    calls the op while exporting, for calls without initial states (no cache), where the
+    class's statement holds (checked once per class)."""
+    patched = []
+    for backend in model.modules():
+        cls = type(backend)
+        config = getattr(backend, "config", None)
+        if cls.__name__ != "xLSTMBackend" or config is None or not all(hasattr(config, a) for a in _MLSTM_CONFIG):
+            continue
+        key = _mlstm_key(backend)
+        if cls not in _MLSTM_CHECKED:
+            _MLSTM_CHECKED[cls] = _mlstm_statement(backend, key)
+        if _MLSTM_CHECKED[cls] is not None:
+            continue
+        stated_forward = _mlstm_forward(backend, key)
+
+        def forward(*args, _stated=stated_forward, _backend=backend, **kwargs):
+            if any(kwargs.get(n) is not None for n in ("c_initial", "n_initial", "m_initial")) or len(args) > 5:
+                return type(_backend).forward(_backend, *args, **kwargs)  # a cache: the backend as exported
+            names = ("query", "key", "value", "igate", "fgate")
+            call = dict(zip(names, args), **kwargs)
+            return _stated(call.pop("query"), call.pop("key"), call.pop("value"), call.pop("igate"),
+                           call.pop("fgate"), **call)
+        original = backend.__dict__.get("forward")
+        backend.forward = forward
+        patched.append((backend, original))
+    try:
+        yield len(patched)
+    finally:
+        for backend, original in patched:
+            if original is None:
+                del backend.forward
+            else:
+                backend.forward = original
 
 
 class _Chained(torch.autograd.Function):
@@ -741,9 +850,39 @@ def lightning_attention(query, key, value, slope, block: int, *, group: str | No
                     group, whole)
 
 
+def mlstm(query, key, value, igate, fgate, backend: str, *, group: str | None = None, method: str = "chain"):
+    """``autosp::mlstm`` in the emitted program: xLSTM's mLSTM on ``[B, S, H, D]`` inputs
+    (gates ``[B, S, H]``), the backend called in its own ``[B, H, S, D]`` layout with the
+    state ``(C, n, m)`` in and out (packed into one ``[B, H, d_k d_v + d_k + 1]`` tensor
+    along the chain). Not linear in its state (the max stabilizer ``m``): a chain only."""
+    if torch.compiler.is_compiling():  # (backend=: one opaque op, see autosp.runtime.opaque)
+        return opaque.call(MLSTM, query, key, value, igate, fgate, backend, group=group, method=method)
+    fn = _mlstm_backend(backend)
+    bsz, _, heads, dk = query.shape
+    dv = value.shape[-1]
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+
+    def run(inputs, state):
+        q, k, v, i, f = inputs
+        c0, n0, m0 = torch.split(state.float(), (dk * dv, dk, 1), dim=-1)
+        h, (c, n, m) = fn(query=t(q), key=t(k), value=t(v), igate=t(i), fgate=t(f), c_initial=c0.reshape(bsz, heads, dk, dv),
+                          n_initial=n0.contiguous(), m_initial=m0.contiguous(), return_last_states=True)
+        return t(h), torch.cat([c.reshape(bsz, heads, dk * dv), n, m], -1)
+
+    def whole():
+        out = fn(query=t(query), key=t(key), value=t(value), igate=t(igate), fgate=t(fgate), return_last_states=True)
+        return t(out[0] if isinstance(out, tuple) else out)
+    if method == "prefix" and group is not None:
+        raise ValueError("autosp: xLSTM's mLSTM is not linear in its state (its max stabilizer): it runs as a chain; "
+                         "compile with sp_recurrence='chain' or 'auto'")
+    return _sharded("chain", run, lambda: None, [query, key, value, igate, fgate], (bsz, heads, dk * dv + dk + 1),
+                    group, whole)
+
+
 opaque.register(GATED_DELTA_RULE, gated_delta_rule, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
 opaque.register(MAMBA2_CHUNK_SCAN, mamba2_chunk_scan,
                 lambda x, *rest, **kw: x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, torch.float32)))
 opaque.register(SELECTIVE_SCAN, selective_scan,
                 lambda x, dt, A, B, C, D, z, *rest, **kw: x.new_empty(x.shape, dtype=_selective_dtype(x, D, z)))
 opaque.register(LIGHTNING_ATTENTION, lightning_attention, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))
+opaque.register(MLSTM, mlstm, lambda q, k, v, *rest, **kw: v.new_empty(v.shape))

@@ -59,6 +59,8 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     "jamba": _cases((2, 15, "auto"), (2, 16, "prefix"), (4, 19, "auto"), (4, 20, "prefix")),
     # (MiniMax: lightning attention layers (block 8) with a full-attention layer and MoE)
     "minimax": _cases((2, 15, "auto"), (2, 16, "prefix"), (4, 19, "prefix"), (4, 20, "auto")),
+    # (xLSTM: mLSTM blocks, chunk 8; a chain only)
+    "xlstm": _cases((2, 16, "auto"), (2, 15, "chain"), (4, 32, "auto"), (4, 30, "chain")),
     # torchtitan (test_titan, test_titan_deltanet)
     "titan_llama3": _cases((2, 128, ""), (4, 128, ""), (2, 127, "uneven"), (4, 130, "uneven")),
     "titan_muse_glimmer": _cases((2, 128, ""), (4, 130, "uneven")),

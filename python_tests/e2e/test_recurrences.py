@@ -516,8 +516,16 @@ def _minimax():
     return model.float()
 
 
+def _xlstm():
+    cfg = transformers.xLSTMConfig(vocab_size=VOCAB, hidden_size=32, embedding_dim=32, num_blocks=2, num_heads=2,
+                                   chunk_size=8, use_cache=False)
+    return transformers.xLSTMForCausalLM(cfg)
+
+
 _STATED = {"mamba": "selective_scan", "jamba": "selective_scan", "minimax": "lightning_attention",
-           "mamba2": "mamba2_chunk_scan"}
+           "mamba2": "mamba2_chunk_scan", "xlstm": "mlstm"}
+_MODELS = {"mamba2": lambda family: _mamba2(), "minimax": lambda family: _minimax(),
+           "xlstm": lambda family: _xlstm()}
 
 
 def _ssm_body(rank, world, queue, seed, family, control=False):
@@ -532,7 +540,7 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
         cases = families.at(family, world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
-            model = _mamba2() if family == "mamba2" else _minimax() if family == "minimax" else _mamba1(family)
+            model = _MODELS.get(family, _mamba1)(family)
             reference = copy.deepcopy(model)
             compiled = autosp.compile(model, gather_outputs=True, sp_recurrence=(case.variant or ("auto",))[0])
             gen = torch.Generator().manual_seed(seed + i)
@@ -556,25 +564,33 @@ def _ssm_body(rank, world, queue, seed, family, control=False):
 
 @pytest.mark.parametrize("family,world", [("mamba", w) for w in families.worlds("mamba")] +
                          [("jamba", w) for w in families.worlds("jamba")] +
-                         [("minimax", w) for w in families.worlds("minimax")])
+                         [("minimax", w) for w in families.worlds("minimax")] +
+                         [("xlstm", w) for w in families.worlds("xlstm")])
 def test_mamba1_families_match_single_device(family, world, _fresh_seed):
     """Mamba (no attention) and Jamba (Mamba-1 layers with attention and MoE): the selective
     scan stated at export (its torch path is a Python loop over positions, which no
     symbolic-S export has), run over the ranks as a chain or a prefix. MiniMax (a lightning
     attention layer, a full-attention layer, MoE): the lightning layer's loop over blocks
-    stated as ``autosp::lightning_attention`` the same way."""
+    stated as ``autosp::lightning_attention`` the same way. xLSTM (two mLSTM blocks, no
+    attention): its backend stated as ``autosp::mlstm``, a chain (S a multiple of its chunk
+    and not: the backend runs any length from a state)."""
     results = run_ranks(_ssm_body, world, args=(_fresh_seed % 10000, family), timeout=600)
-    layers = 2 if family == "mamba" else 1
+    layers = 2 if family in ("mamba", "xlstm") else 1
+    # xLSTM: its kernels keep float32 states and exponential gates; split at its chunk
+    # boundaries (every case here) the backend run in parts equals the whole exactly in
+    # float64, but float32 rounding of the parts' other operation order reaches 8.5e-6 in
+    # the gradients after AdamW steps (P = 4, S = 30, 5 seeds); a dropped state is > 1e-3.
+    tol = 3e-5 if family == "xlstm" else TOL
     for rank, by_case in results.items():
         for case, r in by_case.items():
             where = f"rank {rank}, {family} {case}: {r}"
-            assert max(r["outputs"].values()) <= TOL and r["grads"] <= TOL, where
-            assert all(g <= TOL and q <= TOL for g, q in r["steps"]), where
+            assert max(r["outputs"].values()) <= tol and r["grads"] <= tol, where
+            assert all(g <= tol and q <= tol for g, q in r["steps"]), where
             assert r["stated"] == layers and len(r["method"]) == layers, where
             assert r["saved_growth"] <= 2.3, where
 
 
-@pytest.mark.parametrize("family", ["mamba", "jamba", "minimax"])
+@pytest.mark.parametrize("family", ["mamba", "jamba", "minimax", "xlstm"])
 def test_negative_control_mamba1_without_the_state_is_wrong(family, _fresh_seed):
     results = run_ranks(_ssm_body, 2, args=(_fresh_seed % 10000, family, True), timeout=600)
     # (Jamba's one Mamba layer adds a small part to the residual: its logits move by ~2e-4,
