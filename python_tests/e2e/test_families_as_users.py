@@ -1,7 +1,8 @@
 """The 2026 families (issue 26) as users call them, not only as the parity tests do.
 
-One job of 2 ranks holds two compiled hybrids at once: a Qwen3-Next (Gated DeltaNet, conv,
-attention, MoE) and a Granite-4 hybrid (Mamba2, conv, attention, MoE), each called in
+One job of 2 ranks holds four compiled models at once: a Qwen3-Next (Gated DeltaNet, conv,
+attention, MoE), a Granite-4 hybrid (Mamba2, conv, attention, MoE), a MiniMax (lightning
+attention, attention, MoE) and an MPT (ALiBi cut to each rank's heads), each called in
 turn, with input ids as users pass them (int32, a transposed view: not contiguous), in
 train mode, then in eval mode (another program), then in train mode again; and the plain
 model used after compile. Each call is checked against single-device eager on the full
@@ -20,7 +21,8 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3NextConfig"):  # pragma: no cover
     pytest.skip("transformers without Qwen3-Next", allow_module_level=True)
 
-from test_recurrences import VOCAB, _granite, _model  # noqa: E402
+from test_position_biases import _model as _bias_model  # noqa: E402
+from test_recurrences import VOCAB, _granite, _minimax, _model  # noqa: E402
 
 from autosp.testing.distributed import run_ranks  # noqa: E402
 
@@ -55,7 +57,9 @@ def _body(rank, world, queue, seed, control):
         recurrences._prefix = lambda combine, Ts, ss: [torch.zeros_like(ss[0])] * len(ss)
     gen = torch.Generator().manual_seed(seed)
     jobs = {}
-    for name, make in (("qwen3_next", lambda: _model(False)), ("granite", _granite)):
+    models = (("qwen3_next", lambda: _model(False)), ("granite", _granite), ("minimax", _minimax),
+              ("mpt", lambda: _bias_model("mpt")))
+    for name, make in models[:2] if control else models:  # (the control judges the first two)
         torch.manual_seed(seed)
         model = make()
         reference = copy.deepcopy(model)
