@@ -299,22 +299,31 @@ def lightning_attention_as_op(model: torch.nn.Module):
             _LIGHTNING_CHECKED[cls] = _lightning_statement(layer, forward)
         if _LIGHTNING_CHECKED[cls] is not None:
             continue
-        original = layer.__dict__.get("forward")
 
         def stated(*args, _forward=forward, _layer=layer, **kwargs):
             if kwargs.get("cache") is not None:  # a cache wants the final state: the layer's own forward
                 return type(_layer).forward(_layer, *args, **kwargs)
             return _forward(*args, **kwargs)
-        layer.forward = stated
-        patched.append((layer, original))
-    try:
+        patched.append((layer, stated))
+    with _forwards_set(patched):
         yield len(patched)
+
+
+@contextlib.contextmanager
+def _forwards_set(patched: list):
+    """Each ``(module, forward)``: the module's ``forward`` for the block (an instance
+    attribute, so only that module), restored after."""
+    saved = [(module, module.__dict__.get("forward")) for module, _ in patched]
+    for module, forward in patched:
+        module.forward = forward
+    try:
+        yield
     finally:
-        for layer, original in patched:
+        for module, original in saved:
             if original is None:
-                del layer.forward
+                del module.forward
             else:
-                layer.forward = original
+                module.forward = original
 
 
 # xLSTM's mLSTM: its backend module (transformers' xLSTMBackend, configured by mode, chunk
@@ -395,17 +404,9 @@ def mlstm_as_op(model: torch.nn.Module):
             call = dict(zip(names, args), **kwargs)
             return _stated(call.pop("query"), call.pop("key"), call.pop("value"), call.pop("igate"),
                            call.pop("fgate"), **call)
-        original = backend.__dict__.get("forward")
-        backend.forward = forward
-        patched.append((backend, original))
-    try:
+        patched.append((backend, forward))
+    with _forwards_set(patched):
         yield len(patched)
-    finally:
-        for backend, original in patched:
-            if original is None:
-                del backend.forward
-            else:
-                backend.forward = original
 
 
 class _Chained(torch.autograd.Function):
