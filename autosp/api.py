@@ -528,17 +528,32 @@ class AutospModule(torch.nn.Module):
     def _check_shapes(self, program: CompiledProgram, args, kwargs, leaves) -> None:
         """Before a program first runs at a sequence length's class (its remainder over the
         ranks, and whether some rank's share is short or empty): its forward on meta tensors as
-        each distinct rank (:func:`autosp.backend.shape_check.check_shapes`). Every rank checks
-        the same sizes: all raise its error, or none, before any collective."""
+        rank (:func:`autosp.backend.shape_check.check_shapes`): each rank its own share, the
+        verdicts exchanged in one all-gather, so all raise the same error, or none, before the
+        program's first collective."""
         seq = seq_len_of(args, kwargs, self.options.seq_dim)
         if self.sp_size == 1 or seq is None or collectives.simulating() or torch.compiler.is_compiling():
             return
         key = (id(program), seq % self.sp_size, min(seq // self.sp_size, 2))
         if key in self._shapes_checked:
             return
-        result = check_shapes(program, self.module, [prepare_input(x) for x in leaves], sp_size=self.sp_size,
-                              layout=self.layout, seq_len=seq)
-        if result.stopped and self.options.verbose and (not dist.is_initialized() or dist.get_rank() == 0):
+        inputs = [prepare_input(x) for x in leaves]
+        if self.sp_group is None or not dist.is_initialized():  # one process: every distinct share
+            result = check_shapes(program, self.module, inputs, sp_size=self.sp_size, layout=self.layout, seq_len=seq)
+        else:  # each rank its own share; the verdicts exchanged, so all raise the same error or none
+            failure = None
+            try:
+                result = check_shapes(program, self.module, inputs, sp_size=self.sp_size, layout=self.layout,
+                                      seq_len=seq, ranks=[dist.get_rank(self.sp_group)])
+            except AutospError as e:
+                result, failure = None, str(e)
+            verdicts: list = [None] * dist.get_world_size(self.sp_group)
+            dist.all_gather_object(verdicts, failure, group=self.sp_group)
+            failed = next((v for v in verdicts if v is not None), None)
+            if failed is not None:
+                raise AutospError(failed)
+        if result is not None and result.stopped and self.options.verbose and (
+                not dist.is_initialized() or dist.get_rank() == 0):
             print(f"[autosp] shape check stopped at {result.stopped} (needs values: later ops unchecked)",
                   file=sys.stderr, flush=True)
         self._shapes_checked.add(key)

@@ -8,8 +8,10 @@ once per distinct set of local sizes, on **meta tensors** (shapes and dtypes, no
 the collectives simulated (:class:`autosp.runtime.collectives.simulate`), node by node. An op
 whose operands do not agree raises an :class:`~autosp.ir.diagnostics.AutospError` that names
 the op, the model's source line it comes from (the MLIR location the emitter kept on the
-node) and the rank and local sizes where it fails. Every rank runs the same check on the
-same sizes, so every rank raises the same error, before any collective.
+node) and the rank and local sizes where it fails. In a process group each rank checks its
+own share and the ranks exchange their verdicts (one small all-gather), so every rank raises
+the same error, before the program's first collective; alone, one process checks every
+distinct share.
 
 What the check cannot judge it leaves, and says so: an op that needs values (``.item()``, a
 data-dependent size), has no meta implementation, or fails on meta for a reason that is not
@@ -104,12 +106,13 @@ def _describe(node: torch.fx.Node) -> tuple[str, str]:
 
 
 def check_shapes(program, model: torch.nn.Module, leaves: list, *, sp_size: int, layout: SeqLayout | None,
-                 seq_len: int) -> ShapeCheck:
+                 seq_len: int, ranks: list[int] | None = None) -> ShapeCheck:
     """Run ``program``'s forward (a :class:`~autosp.backend.module.CompiledProgram`) on meta
     twins of ``model``'s state and the call's ``leaves`` (as the compiled call passes them),
-    as each representative rank of ``sp_size`` holding its share of ``seq_len`` positions
-    under ``layout``. Raises :class:`AutospError` naming the first op whose operands do not
-    agree, its source line, and the rank; returns what it checked (see the module docstring)."""
+    as each of ``ranks`` (default: each representative rank, :func:`representative_ranks`)
+    of ``sp_size`` holding its share of ``seq_len`` positions under ``layout``. Raises
+    :class:`AutospError` naming the first op whose operands do not agree, its source line,
+    and the rank; returns what it checked (see the module docstring)."""
     layout = layout or SeqLayout(ulysses=sp_size)
     state = program.state_tensors(model)
     metas = []
@@ -120,7 +123,7 @@ def check_shapes(program, model: torch.nn.Module, leaves: list, *, sp_size: int,
     target = "cuda" if any(t.device.type == "cuda" for t in inputs) else "cpu"
     metas += [_meta(t) for t in inputs]
     result = ShapeCheck()
-    for rank in representative_ranks(layout, sp_size, seq_len):
+    for rank in ranks if ranks is not None else representative_ranks(layout, sp_size, seq_len):
         result.ranks.append(rank)
         run = _MetaRun(program.graph_module)
         try:
