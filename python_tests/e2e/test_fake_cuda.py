@@ -187,6 +187,21 @@ def test_recurrent_hybrids_run_chunked_kernels_and_flash(family, method):
         assert step.kernels() == {"flash": 1, "flash backward": 1}, step.kernels()
 
 
+def test_xlstm_chain_sends_one_packed_state_and_keeps_no_s_by_s_tensor():
+    """xLSTM (no attention) on CUDA at P = 4, S = 3000: the mLSTM backend's kernels in 64-position
+    chunks (no [S, S] tensor), and across each rank boundary one state (C, n, m) packed into one
+    contiguous float32 tensor each way. float32: transformers' native mLSTM kernels mix their
+    float32 states with bfloat16 inputs and fail on one device too."""
+    cfg = transformers.xLSTMConfig(vocab_size=128, hidden_size=64, embedding_dim=64, num_blocks=2, num_heads=4,
+                                   chunk_size=64, use_cache=False)
+    dk, dv = 64 // 2 // 4, 64 // 4  # (qk_dim_factor 0.5)
+    for step in cuda_step(cfg, S, sp_size=4, call="plain", dtype=torch.float32):
+        step.check()
+        assert step.kernels() == {}, step.kernels()
+        # (the first rank sends its state forward and receives its gradient; the last the reverse)
+        assert step.wire_bytes()["state"] == 2 * 4 * (dk * dv + dk + 1) * 4, step.wire_bytes()
+
+
 def test_negative_control_mamba2_state_sent_as_the_kernels_view(monkeypatch):
     from autosp.runtime import recurrences
     monkeypatch.setattr(recurrences, "_message", lambda state, dtype: state.to(dtype))
