@@ -527,8 +527,8 @@ class AutospModule(torch.nn.Module):
 
     def _check_shapes(self, program: CompiledProgram, args, kwargs, leaves) -> None:
         """Before a program first runs at a sequence length's class (its remainder over the
-        ranks, and whether some rank's share is short or empty): its forward on meta tensors as
-        rank (:func:`autosp.backend.shape_check.check_shapes`): each rank its own share, the
+        ranks, and whether some rank's share is short or empty): its forward on meta tensors
+        (:func:`autosp.backend.shape_check.check_shapes`), each rank its own share, the
         verdicts exchanged in one all-gather, so all raise the same error, or none, before the
         program's first collective."""
         seq = seq_len_of(args, kwargs, self.options.seq_dim)

@@ -41,6 +41,7 @@ from torch_mlir import ir
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.module import CompiledProgram, state_tensors
+from autosp.backend.shape_check import source_line
 from autosp.cost.plan import MemoryPlan
 from autosp.frontend.importer import ArgInfo, import_model, read_arguments
 from autosp.ir.builders import vtensor_shape
@@ -328,8 +329,8 @@ def kept_masks(module, seq_len: int) -> list[str]:
 
 def _source(op) -> str:
     """`` at <last 3 path parts>:<line>`` of the model's source line an op comes from."""
-    files = re.findall(r'"([^"]+)":(\d+)', str(op.location))
-    return f" at {'/'.join(files[0][0].split('/')[-3:])}:{files[0][1]}" if files else ""
+    line = source_line(str(op.location))
+    return f" at {line}" if line else ""
 
 
 def _dims(dims) -> str:

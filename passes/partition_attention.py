@@ -308,10 +308,7 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
         new_operands = [to_heads(q, q_shape, 1), to_heads(k, k_shape, repeat), to_heads(v, v_shape, repeat)]
         new_operands += list(op.operands[3:])
         if per_head_mask:
-            mask_dims, mask_dtype = b.vtensor_shape(mask.type)  # type: ignore[misc]
-            local_mask = [mask_dims[0], heads // sp_size, *mask_dims[2:]]
-            new_operands[3] = b.autosp_op(LOCAL_HEADS, [mask], b.vtensor_type(local_mask, mask_dtype), dim=HEAD_DIM,
-                                          heads=heads, group=group)
+            new_operands[3] = _local_heads(op, mask, HEAD_DIM, heads, sp_size, group)
         out_shape, out_dtype = _tensor_shape(op, op.results[0], "the result")
         out_heads = out_shape[HEAD_DIM]
         if out_heads is None:
