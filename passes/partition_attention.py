@@ -43,7 +43,7 @@ from typing import ClassVar
 from autosp.passes.fuse_gqa import repeated_heads
 from torch_mlir import ir
 
-from autosp.cost.recurrence import GATED_DELTA_NET, MAMBA2, RecurrenceShape, choose_recurrence
+from autosp.cost.recurrence import GATED_DELTA_NET, LIGHTNING, MAMBA2, RecurrenceShape, choose_recurrence
 from autosp.cost.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir import builders as b
 from autosp.ir import ops
@@ -390,7 +390,10 @@ def recurrence_shape(op) -> RecurrenceShape | None:
             return None
         sizes, chunk = (q[2], groups[0][2], groups[0][3], q[3]), const_int(op.operands[7])
         kind = MAMBA2
-    else:  # (Mamba-1's selective scan, lightning attention: no price model yet)
+    elif name == ops.LIGHTNING_ATTENTION:  # q, k, v [B, S, H, D], slope, block
+        sizes, chunk = (q[2], k[2], q[3], v[3]), const_int(op.operands[4])
+        kind = LIGHTNING
+    else:  # (Mamba-1's selective scan: no price model yet; mLSTM runs as a chain)
         return None
     if any(x is None for x in sizes) or chunk is None:
         return None
@@ -429,6 +432,9 @@ def partition_recurrences(module, info: SequenceInfo, sp_size: int, group: str, 
                 raise DiagnosticError.at(op, "cannot run as a prefix (recurrence=prefix): xLSTM's mLSTM is not linear "
                                              "in its state (its max stabilizer); it runs as a chain")
             method, reason = forced, f"{ops.operator_name(op)}: {forced} (requested)"
+        elif ops.operator_name(op) == ops.MLSTM:
+            method, reason = "chain", f"{ops.operator_name(op)}: chain (the only way: its max stabilizer is not " \
+                                      "linear in the state)"
         elif shape is None:
             method, reason = ("heads" if heads_ok else "chain"), f"{ops.operator_name(op)}: sizes not static, " \
                                                                    "not priced"

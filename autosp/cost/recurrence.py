@@ -1,7 +1,7 @@
 """How a linear recurrence along the sequence runs on P ranks: heads, chain or prefix, priced.
 
 Three exact ways (:mod:`autosp.runtime.recurrences`) for a stated recurrence layer (Gated
-DeltaNet, Mamba2):
+DeltaNet, Mamba2, MiniMax's lightning attention):
 
 * **heads** (Gated DeltaNet whose key and value heads divide by P): all-to-alls move the
   five inputs to heads-sharded and the output back; each rank runs the kernel over the
@@ -15,13 +15,17 @@ DeltaNet, Mamba2):
   (``d_k`` more value columns for Gated DeltaNet, ``d_state`` more rows for Mamba2: the
   part's FLOPs grow by the factor :func:`widening`), the ranks all-gather their summaries
   (transition and state) and compose them: one part's time (widened) instead of ``P``.
+  Lightning attention's state decays by one scalar per head, so its part runs from zeros
+  as it is and the incoming state reaches each output through one more ``q S`` product
+  (``2 d_k d_v`` per head and token); its transition is one number per head.
   Bytes: ``P - 1`` summaries in, ``P - 1`` state gradients back.
 
 :func:`choose_recurrence` prices the feasible ones and picks the cheapest. The
 FLOP counts are the chunked kernels' matmuls (transformers' torch forms, chunk ``c``):
 
 * Gated DeltaNet per head and token: ``4 c d_k + c (d_k + d_v) + 2 c d_v + 6 d_k d_v``;
-* Mamba2 per head and token: ``2 c N + 2 c d_head + 4 N d_head``.
+* Mamba2 per head and token: ``2 c N + 2 c d_head + 4 N d_head``;
+* lightning attention per head and token (block ``c``): ``2 c (d_k + d_v) + 4 d_k d_v``.
 
 Throughput and bandwidths are :class:`~autosp.cost.strategy.Hardware`'s defaults
 (H100-class, not measured); fixed latencies are left out. Compute and the heads path's
@@ -36,6 +40,7 @@ from autosp.cost.strategy import Hardware
 
 GATED_DELTA_NET = "gated_delta_rule"
 MAMBA2 = "mamba2_chunk_scan"
+LIGHTNING = "lightning_attention"
 METHODS = ("heads", "chain", "prefix")
 
 
@@ -43,7 +48,8 @@ METHODS = ("heads", "chain", "prefix")
 class RecurrenceShape:
     """One recurrence layer's sizes. Gated DeltaNet: ``heads`` value heads, ``k_heads`` key
     heads, ``key_dim`` d_k, ``value_dim`` d_v. Mamba2: ``heads``, ``value_dim`` the head dim,
-    ``key_dim`` the state size N (``k_heads`` the groups of B and C)."""
+    ``key_dim`` the state size N (``k_heads`` the groups of B and C). Lightning attention:
+    ``heads`` (= ``k_heads``), ``key_dim`` and ``value_dim`` the head dims, ``chunk`` its block."""
 
     kind: str
     heads: int
@@ -59,6 +65,8 @@ class RecurrenceShape:
         if self.kind == GATED_DELTA_NET:
             dv = dv + dk if widened else dv
             return self.heads * (4 * c * dk + c * (dk + dv) + 2 * c * dv + 6 * dk * dv)
+        if self.kind == LIGHTNING:  # the prefix adds the incoming state's q S per token
+            return self.heads * (2 * c * (dk + dv) + 4 * dk * dv + (2 * dk * dv if widened else 0))
         hd = dv + dk if widened else dv  # Mamba2: N rows appended to the head dim
         return self.heads * (2 * c * dk + 2 * c * hd + 4 * dk * hd)
 
@@ -67,8 +75,10 @@ class RecurrenceShape:
         return self.heads * self.key_dim * self.value_dim
 
     def summary_elems(self) -> int:
-        """One sequence's summary: the transition and the state."""
-        return self.state_elems() + self.heads * self.key_dim * self.key_dim
+        """One sequence's summary: the transition and the state (lightning attention: one
+        decay per head)."""
+        transition = 1 if self.kind == LIGHTNING else self.key_dim * self.key_dim
+        return self.state_elems() + self.heads * transition
 
     def io_elems(self) -> int:
         """Per token: the inputs and output the heads path moves (Gated DeltaNet)."""

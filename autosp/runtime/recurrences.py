@@ -56,9 +56,11 @@ import contextlib
 import functools
 import importlib
 import inspect
+import itertools
 import json
 import sys
 import types
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -259,9 +261,28 @@ def _lightning_forward(layer: torch.nn.Module, padding_mask: Callable):
     return forward
 
 
+def _has_values(module: torch.nn.Module) -> bool:
+    """Whether every parameter and buffer of ``module`` holds data (none on meta)."""
+    return not any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
+
+
+def _cpu_twin(layer: torch.nn.Module, config) -> torch.nn.Module | str:
+    """A float32 CPU instance of ``layer``'s class built as transformers builds it
+    (``cls(config, layer_idx)``), with random weights and the buffers its constructor
+    computes: what a statement check runs on when the layer's own weights are on meta (a
+    model built for planning). Else why it could not be built."""
+    try:
+        with torch.device("cpu"):
+            twin = type(layer)(config, layer.layer_idx)
+    except Exception as e:  # noqa: BLE001 - any failure: no twin
+        return f"its weights are on meta and no CPU copy of it could be built ({type(e).__name__}: {e})"
+    return twin.float()
+
+
 def _lightning_statement(layer: torch.nn.Module, forward: Callable) -> str | None:
     """None if ``forward`` equals the layer's own forward (no cache) on random inputs of
-    2 blocks and 3 positions, with a padding mask; else why not."""
+    2 blocks and 3 positions, with a padding mask; else why not. (A layer on meta is
+    checked through a CPU twin; see :func:`lightning_attention_as_op`.)"""
     own = type(layer).forward
     gen = torch.Generator().manual_seed(0)
     param = next(layer.parameters())
@@ -296,7 +317,14 @@ def lightning_attention_as_op(model: torch.nn.Module):
             continue
         forward = _lightning_forward(layer, padding_mask)
         if cls not in _LIGHTNING_CHECKED:
-            _LIGHTNING_CHECKED[cls] = _lightning_statement(layer, forward)
+            checked = layer
+            if not _has_values(layer):  # meta weights (planning): the class is checked on a CPU twin
+                checked = _cpu_twin(layer, getattr(model, "config", None))
+                if isinstance(checked, str):  # not cached: a model with weights may still be checked
+                    warnings.warn(f"{cls.__name__} is exported as written (its statement was not checked): "
+                                  f"{checked}", stacklevel=2)
+                    continue
+            _LIGHTNING_CHECKED[cls] = _lightning_statement(checked, _lightning_forward(checked, padding_mask))
         if _LIGHTNING_CHECKED[cls] is not None:
             continue
 

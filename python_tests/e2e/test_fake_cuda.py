@@ -202,6 +202,40 @@ def test_xlstm_chain_sends_one_packed_state_and_keeps_no_s_by_s_tensor():
         assert step.wire_bytes()["state"] == 2 * 4 * (dk * dv + dk + 1) * 4, step.wire_bytes()
 
 
+def _minimax():
+    return transformers.MiniMaxConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, block_size=64, num_local_experts=4, num_experts_per_tok=2,
+        use_cache=False, layer_types=["linear_attention", "full_attention"], max_position_embeddings=1 << 18)
+
+
+def test_minimax_on_meta_weights_runs_lightning_blocks_and_flash(monkeypatch):
+    """MiniMax built on meta weights (as a planner builds it) on CUDA at P = 4, S = 3000: its
+    lightning attention is the stated op (the class's statement is checked on a CPU twin
+    built from the config, since meta weights hold no values), run in 64-position blocks with
+    no [S, S] tensor, one [B, H, D, D] state each way per rank boundary; the full-attention
+    layer runs flash."""
+    from autosp.runtime import recurrences
+    monkeypatch.setattr(recurrences, "_LIGHTNING_CHECKED", {})  # checked here, on the twin
+    for step in cuda_step(_minimax(), S, sp_size=4, call="plain"):
+        step.check()
+        assert step.kernels() == {"flash": 1, "flash backward": 1}, step.kernels()
+        assert step.wire_bytes()["state"] == 2 * 4 * 16 * 16 * 2, step.wire_bytes()  # bfloat16
+
+
+def test_negative_control_minimax_on_meta_without_its_twin(monkeypatch):
+    """Without the CPU twin the class cannot be checked on meta weights: the layer is exported
+    as written (with a warning naming why), and its loop over blocks (slices of the sequence at
+    bounds the loop computes) is refused at its line."""
+    from autosp.ir.diagnostics import AutospError
+    from autosp.runtime import recurrences
+    monkeypatch.setattr(recurrences, "_LIGHTNING_CHECKED", {})
+    monkeypatch.setattr(recurrences, "_cpu_twin", lambda layer, config: "no twin (control)")
+    with pytest.warns(UserWarning, match="no twin"), pytest.raises(AutospError, match="modeling_minimax"):
+        cuda_step(_minimax(), S, sp_size=4, call="plain")
+    assert recurrences._LIGHTNING_CHECKED == {}  # not cached: a model with weights is still checked
+
+
 def test_negative_control_mamba2_state_sent_as_the_kernels_view(monkeypatch):
     from autosp.runtime import recurrences
     monkeypatch.setattr(recurrences, "_message", lambda state, dtype: state.to(dtype))

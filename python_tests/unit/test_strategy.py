@@ -114,6 +114,23 @@ def test_recurrence_prices_follow_the_documented_model():
     assert choose_recurrence(gdn, 4, heads_ok=True, hw=fast_links).method == "heads"
 
 
+def test_lightning_attention_prefix_adds_one_product_and_sends_one_decay_per_head():
+    """MiniMax's lightning attention (64 heads of 128, block 256): a part run from zeros as it
+    is plus the incoming state's ``q S`` per token (widening 7/6), a summary of the state and
+    one decay per head; so the prefix wins already at P = 2."""
+    from autosp.cost.recurrence import LIGHTNING, RecurrenceShape, choose_recurrence, widening
+    from autosp.cost.strategy import Hardware
+    shape = RecurrenceShape(LIGHTNING, heads=64, k_heads=64, key_dim=128, value_dim=128, chunk=256, elem_bytes=2)
+    assert shape.flops() == 64 * (2 * 256 * 256 + 4 * 128 * 128)
+    assert widening(shape) == pytest.approx(7 / 6)
+    assert shape.summary_elems() == 64 * 128 * 128 + 64
+    c = choose_recurrence(shape, 2, heads_ok=False, seq_len=8192)
+    part = 8192 / 2 * shape.flops() / Hardware().recurrence_flops
+    assert c.prices["prefix"] == pytest.approx(4 * 7 / 6 * part + (shape.summary_elems() + shape.state_elems()) * 4
+                                               / Hardware().intra_node_bw)
+    assert c.method == "prefix" and "lightning_attention (64 heads" in c.reason
+
+
 def test_compile_rejects_unknown_recurrence_methods():
     import autosp
     with pytest.raises(autosp.AutospError, match="sp_recurrence must be one of"):
