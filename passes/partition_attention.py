@@ -43,7 +43,7 @@ from typing import ClassVar
 from autosp.passes.fuse_gqa import repeated_heads
 from torch_mlir import ir
 
-from autosp.cost.recurrence import GATED_DELTA_NET, LIGHTNING, MAMBA2, RecurrenceShape, choose_recurrence
+from autosp.cost.recurrence import GATED_DELTA_NET, LIGHTNING, MAMBA1, MAMBA2, RecurrenceShape, choose_recurrence
 from autosp.cost.strategy import Candidate, Choice, StrategyError, choose
 from autosp.ir import builders as b
 from autosp.ir import ops
@@ -376,6 +376,14 @@ def recurrence_shape(op) -> RecurrenceShape | None:
     """The sizes :mod:`autosp.cost.recurrence` prices, read from a stated recurrence op
     (static head counts and dims; None where one is not static)."""
     name = ops.operator_name(op)
+    if name == ops.SELECTIVE_SCAN:  # x [B, S, D], dt, A [D, N]
+        a = b.vtensor_shape(op.operands[2].type)
+        channels, state = (a[0] if a is not None and len(a[0]) == 2 else (None, None))
+        if channels is None or state is None:
+            return None
+        x = b.vtensor_shape(op.operands[0].type)
+        elem = 2 if x is not None and ("bf16" in x[1] or "f16" in x[1]) else 4
+        return RecurrenceShape(MAMBA1, channels, channels, state, 1, 1, elem)
     dims = [b.vtensor_shape(v.type) for v in op.operands[:3]]
     if any(d is None or len(d[0]) != 4 for d in dims):
         return None
@@ -393,7 +401,7 @@ def recurrence_shape(op) -> RecurrenceShape | None:
     elif name == ops.LIGHTNING_ATTENTION:  # q, k, v [B, S, H, D], slope, block
         sizes, chunk = (q[2], k[2], q[3], v[3]), const_int(op.operands[4])
         kind = LIGHTNING
-    else:  # (Mamba-1's selective scan: no price model yet; mLSTM runs as a chain)
+    else:  # (mLSTM runs as a chain)
         return None
     if any(x is None for x in sizes) or chunk is None:
         return None

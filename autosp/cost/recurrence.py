@@ -25,7 +25,11 @@ FLOP counts are the chunked kernels' matmuls (transformers' torch forms, chunk `
 
 * Gated DeltaNet per head and token: ``4 c d_k + c (d_k + d_v) + 2 c d_v + 6 d_k d_v``;
 * Mamba2 per head and token: ``2 c N + 2 c d_head + 4 N d_head``;
-* lightning attention per head and token (block ``c``): ``2 c (d_k + d_v) + 4 d_k d_v``.
+* lightning attention per head and token (block ``c``): ``2 c (d_k + d_v) + 4 d_k d_v``;
+* Mamba-1 per channel and token (a scan, no chunks): ``6 N`` for the kernel (discretise,
+  update, read out) and ``4 N`` for the incoming state (its decay and read-out): ``10 N``
+  from a state; the prefix's part reads its basis out instead (``11 N``). Its state and
+  its transition are ``N`` per channel (the scan is diagonal).
 
 Throughput and bandwidths are :class:`~autosp.cost.strategy.Hardware`'s defaults
 (H100-class, not measured); fixed latencies are left out. Compute and the heads path's
@@ -41,6 +45,7 @@ from autosp.cost.strategy import Hardware
 GATED_DELTA_NET = "gated_delta_rule"
 MAMBA2 = "mamba2_chunk_scan"
 LIGHTNING = "lightning_attention"
+MAMBA1 = "selective_scan"
 METHODS = ("heads", "chain", "prefix")
 
 
@@ -49,7 +54,8 @@ class RecurrenceShape:
     """One recurrence layer's sizes. Gated DeltaNet: ``heads`` value heads, ``k_heads`` key
     heads, ``key_dim`` d_k, ``value_dim`` d_v. Mamba2: ``heads``, ``value_dim`` the head dim,
     ``key_dim`` the state size N (``k_heads`` the groups of B and C). Lightning attention:
-    ``heads`` (= ``k_heads``), ``key_dim`` and ``value_dim`` the head dims, ``chunk`` its block."""
+    ``heads`` (= ``k_heads``), ``key_dim`` and ``value_dim`` the head dims, ``chunk`` its block.
+    Mamba-1: ``heads`` the channels d_inner, ``key_dim`` the state size N, ``value_dim`` 1."""
 
     kind: str
     heads: int
@@ -65,6 +71,8 @@ class RecurrenceShape:
         if self.kind == GATED_DELTA_NET:
             dv = dv + dk if widened else dv
             return self.heads * (4 * c * dk + c * (dk + dv) + 2 * c * dv + 6 * dk * dv)
+        if self.kind == MAMBA1:
+            return self.heads * (11 if widened else 10) * dk
         if self.kind == LIGHTNING:  # the prefix adds the incoming state's q S per token
             return self.heads * (2 * c * (dk + dv) + 4 * dk * dv + (2 * dk * dv if widened else 0))
         hd = dv + dk if widened else dv  # Mamba2: N rows appended to the head dim
@@ -77,7 +85,7 @@ class RecurrenceShape:
     def summary_elems(self) -> int:
         """One sequence's summary: the transition and the state (lightning attention: one
         decay per head)."""
-        transition = 1 if self.kind == LIGHTNING else self.key_dim * self.key_dim
+        transition = {LIGHTNING: 1, MAMBA1: self.key_dim}.get(self.kind, self.key_dim * self.key_dim)
         return self.state_elems() + self.heads * transition
 
     def io_elems(self) -> int:
@@ -124,7 +132,8 @@ def choose_recurrence(shape: RecurrenceShape, sp_size: int, *, heads_ok: bool, s
     order = {m: i for i, m in enumerate(("heads", "prefix", "chain"))}
     best = min(prices, key=lambda m: (prices[m], order[m]))
     listed = ", ".join(f"{m} {prices[m] * 1e6:.1f} us" for m in sorted(prices, key=order.__getitem__))
-    reason = (f"{shape.kind} ({shape.heads} heads, d_k/N {shape.key_dim}, d_v/d_head {shape.value_dim}, chunk "
-              f"{shape.chunk}) on {sp_size} ranks: {best}; priced per layer at S={seq_len}: {listed}"
+    sizes = (f"{shape.heads} channels, N {shape.key_dim}" if shape.kind == MAMBA1 else
+             f"{shape.heads} heads, d_k/N {shape.key_dim}, d_v/d_head {shape.value_dim}, chunk {shape.chunk}")
+    reason = (f"{shape.kind} ({sizes}) on {sp_size} ranks: {best}; priced per layer at S={seq_len}: {listed}"
               + ("" if heads_ok else "; heads: the heads do not divide by the ranks (or not built for this kernel)"))
     return RecurrenceChoice(best, reason, prices)

@@ -135,3 +135,15 @@ def test_compile_rejects_unknown_recurrence_methods():
     import autosp
     with pytest.raises(autosp.AutospError, match="sp_recurrence must be one of"):
         autosp.compile(torch.nn.Linear(2, 2), sp_size=1, sp_recurrence="scan")
+
+
+def test_mamba1_prefix_reads_its_basis_out_and_sends_a_diagonal_transition():
+    """Mamba-1's scan (2048 channels, N = 16): 10 N per channel and token from a state, 11 N
+    for the prefix's part; its state and its transition are N per channel. The prefix wins
+    from P = 2 (one part's time, 1.1 widened, against two)."""
+    from autosp.cost.recurrence import MAMBA1, RecurrenceShape, choose_recurrence, widening
+    shape = RecurrenceShape(MAMBA1, heads=2048, k_heads=2048, key_dim=16, value_dim=1, chunk=1, elem_bytes=2)
+    assert shape.flops() == 2048 * 160 and widening(shape) == pytest.approx(1.1)
+    assert shape.state_elems() == 2048 * 16 and shape.summary_elems() == 2 * 2048 * 16
+    c = choose_recurrence(shape, 2, heads_ok=False)
+    assert c.method == "prefix" and c.reason.startswith("selective_scan (2048 channels, N 16) on 2 ranks: prefix")
