@@ -376,19 +376,20 @@ def recurrence_shape(op) -> RecurrenceShape | None:
     """The sizes :mod:`autosp.cost.recurrence` prices, read from a stated recurrence op
     (static head counts and dims; None where one is not static)."""
     name = ops.operator_name(op)
+    first = b.vtensor_shape(op.operands[0].type)
+    if first is None:
+        return None
+    elem = 2 if "bf16" in first[1] or "f16" in first[1] else 8 if "f64" in first[1] else 4
     if name == ops.SELECTIVE_SCAN:  # x [B, S, D], dt, A [D, N]
         a = b.vtensor_shape(op.operands[2].type)
         channels, state = (a[0] if a is not None and len(a[0]) == 2 else (None, None))
         if channels is None or state is None:
             return None
-        x = b.vtensor_shape(op.operands[0].type)
-        elem = 2 if x is not None and ("bf16" in x[1] or "f16" in x[1]) else 4
         return RecurrenceShape(MAMBA1, channels, channels, state, 1, 1, elem)
     dims = [b.vtensor_shape(v.type) for v in op.operands[:3]]
     if any(d is None or len(d[0]) != 4 for d in dims):
         return None
-    (q, dtype), (k, _), (v, _) = dims  # type: ignore[misc]
-    elem = 2 if "bf16" in dtype or "f16" in dtype else 8 if "f64" in dtype else 4
+    (q, _), (k, _), (v, _) = dims  # type: ignore[misc]
     if name == ops.GATED_DELTA_RULE:
         sizes, chunk = (v[2], k[2], q[3], v[3]), const_int(op.operands[6])
         kind = GATED_DELTA_NET

@@ -137,6 +137,21 @@ def parity(reference: torch.nn.Module, candidate: torch.nn.Module, *args, params
     return report
 
 
+def padded_parity(reference: torch.nn.Module, compiled: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                  labels: torch.Tensor, *, control: bool = False) -> dict | float:
+    """One padded call (``input_ids``, ``attention_mask``, ``labels`` with padding at -100)
+    of ``compiled`` against ``reference``: ``{"outputs", "grads"}``, the worst relative
+    errors of :func:`parity`. ``control``: the compiled model called without the mask,
+    against the reference with it; returns the logits' relative error (the padding must
+    show)."""
+    if control:
+        expected = reference(input_ids=ids, attention_mask=mask, labels=labels).logits
+        got = compiled(input_ids=ids, labels=labels).logits
+        return float((got - expected).abs().max() / expected.abs().max())
+    report = parity(reference, compiled, input_ids=ids, attention_mask=mask, labels=labels)
+    return {"outputs": report.max_output_error, "grads": report.max_grad_error}
+
+
 def max_grad_error(model: torch.nn.Module, reference: torch.nn.Module) -> float:
     """The largest :func:`relative_error` of ``model``'s gradients against ``reference``'s
     (in parameter order; a parameter neither side's step reaches, e.g. an unused vision

@@ -117,7 +117,7 @@ def _padded_body(rank, world, queue, seed, control=False):
     gathered logits and every gradient against the padded single-device call.
     ``control``: the compiled model called without the mask (BLOOM only)."""
     import autosp
-    from autosp.testing.parity import parity
+    from autosp.testing.parity import padded_parity
     seq = 15 if world == 2 else 19
     out = {}
     for i, family in enumerate(["bloom"] if control else ["mpt", "bloom", "t5"]):
@@ -132,13 +132,7 @@ def _padded_body(rank, world, queue, seed, control=False):
         labels = _labels(family, ids).masked_fill(mask == 0, -100)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if control:  # the reference with the mask; the compiled model without it
-                expected = reference(input_ids=ids, attention_mask=mask, labels=labels).logits
-                got = compiled(input_ids=ids, labels=labels).logits
-                out[family] = float((got - expected).abs().max() / expected.abs().max())
-                continue
-            report = parity(reference, compiled, input_ids=ids, attention_mask=mask, labels=labels)
-        out[family] = {"outputs": report.max_output_error, "grads": report.max_grad_error}
+            out[family] = padded_parity(reference, compiled, ids, mask, labels, control=control)
     queue.put((rank, out))
 
 

@@ -605,7 +605,7 @@ def _padded_body(rank, world, queue, seed, control=False):
     training: loss, gathered logits and every gradient against the padded single-device
     call. ``control``: the compiled model called without the mask (Mamba only)."""
     import autosp
-    from autosp.testing.parity import parity
+    from autosp.testing.parity import padded_parity
     out = {}
     seq = 15 if world == 2 else 19
     for i, family in enumerate(["mamba"] if control else ["mamba", "jamba", "minimax"]):
@@ -619,13 +619,7 @@ def _padded_body(rank, world, queue, seed, control=False):
         labels = ids.masked_fill(mask == 0, -100)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if control:  # the same call's reference with the mask; the compiled model without it
-                expected = reference(input_ids=ids, attention_mask=mask, labels=labels).logits
-                got = compiled(input_ids=ids, labels=labels).logits
-                out[family] = float((got - expected).abs().max() / expected.abs().max())
-                continue
-            report = parity(reference, compiled, input_ids=ids, attention_mask=mask, labels=labels)
-        out[family] = {"outputs": report.max_output_error, "grads": report.max_grad_error}
+            out[family] = padded_parity(reference, compiled, ids, mask, labels, control=control)
     queue.put((rank, out))
 
 
