@@ -1073,3 +1073,36 @@ func.func @truncated_chunks_kept(%arg0: !torch.vtensor<[2,2,?,8],f32>) -> !torch
   %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[2,2,?,8],f32>, !torch.vtensor<[1,1,?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,2,?,8],f32>
   return %0 : !torch.vtensor<[2,2,?,8],f32>
 }
+
+// -----
+
+// MPT's mask: an additive float mask (finfo.min where k > q, else 0) cast to bool (True:
+// masked) and negated by autosp-fuse-attention's masked_fill form. The cast reads "nonzero"
+// of each piece: exactly k > q; its negation k <= q is causal.
+// CHECK-LABEL: func.func @float_mask_cast_to_bool_folds
+// CHECK: torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %none{{[_0-9]*}}, %{{[^,]*}}, %true,
+// DCE-LABEL: func.func @float_mask_cast_to_bool_folds
+// DCE-NOT: torch.aten.where.self
+func.func @float_mask_cast_to_bool_folds(%arg0: !torch.vtensor<[1,2,?,8],f32>) -> !torch.vtensor<[1,2,?,8],f32> {
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %float0 = torch.constant.float 0.000000e+00
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int11 = torch.constant.int 11
+  %cpu = torch.constant.device "cpu"
+  %s = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[1,2,?,8],f32>, !torch.int -> !torch.int
+  %pos = torch.aten.arange.start_step %int0, %s, %int1, %int4, %none, %cpu, %false : !torch.int, !torch.int, !torch.int, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[?],si64>
+  %rows = torch.aten.unsqueeze %pos, %int1 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
+  %cols = torch.aten.unsqueeze %pos, %int0 : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[1,?],si64>
+  %future = torch.aten.gt.Tensor %cols, %rows : !torch.vtensor<[1,?],si64>, !torch.vtensor<[?,1],si64> -> !torch.vtensor<[?,?],i1>
+  %min = torch.vtensor.literal(dense<-3.40282347E+38> : tensor<f32>) : !torch.vtensor<[],f32>
+  %zero = torch.vtensor.literal(dense<0.000000e+00> : tensor<f32>) : !torch.vtensor<[],f32>
+  %f = torch.aten.where.self %future, %min, %zero : !torch.vtensor<[?,?],i1>, !torch.vtensor<[],f32>, !torch.vtensor<[],f32> -> !torch.vtensor<[?,?],f32>
+  %b = torch.aten.to.dtype %f, %int11, %false, %false, %none : !torch.vtensor<[?,?],f32>, !torch.int, !torch.bool, !torch.bool, !torch.none -> !torch.vtensor<[?,?],i1>
+  %m = torch.aten.logical_not %b : !torch.vtensor<[?,?],i1> -> !torch.vtensor<[?,?],i1>
+  %0 = torch.aten.scaled_dot_product_attention %arg0, %arg0, %arg0, %m, %float0, %false, %none, %false : !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[1,2,?,8],f32>, !torch.vtensor<[?,?],i1>, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[1,2,?,8],f32>
+  return %0 : !torch.vtensor<[1,2,?,8],f32>
+}

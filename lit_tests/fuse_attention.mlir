@@ -261,3 +261,142 @@ func.func @sink_column_not_dropped_kept(%arg0: !torch.vtensor<[2,4,8,16],f32>, %
   %o = torch.aten.matmul %pk, %arg2 : !torch.vtensor<[2,4,8,9],f32>, !torch.vtensor<[2,4,9,16],f32> -> !torch.vtensor<[2,4,8,16],f32>
   return %o : !torch.vtensor<[2,4,8,16],f32>
 }
+
+// -----
+
+// ALiBi as MPT writes it: a per-head [H, 1, 128] table sliced to the last S keys
+// (alibi[:, max(1 - S, 0):, max(128 - S, 0):]), added to the scaled scores, then
+// masked_fill(cond, finfo.min) as where(cond, min, scores). The slice's query dim is proven 1
+// from the size symbol's range (S >= 2 pins its start to 0): a key bias, the same for every
+// query of a row. One `torch.autosp.key_bias_attention` with SDPA's operands, the mask
+// `not cond`, and the bias as [1, H, 1, S].
+// CHECK-LABEL: func.func @alibi_sliced_key_bias
+// CHECK: %[[M:.*]] = torch.aten.logical_not %arg4
+// CHECK: %[[B:.*]] = torch.aten.unsqueeze %{{.*}} -> !torch.vtensor<[1,4,1,?],f32>
+// CHECK: torch.operator "torch.autosp.key_bias_attention"(%arg0, %arg1, %arg2, %[[M]], %{{[^,]*}}, %false{{[_0-9]*}}, %float3.535530e-01{{[_0-9]*}}, %false{{[_0-9]*}}, %[[B]]) {autosp.empty_rows = "mean"}
+// DCE-LABEL: func.func @alibi_sliced_key_bias
+// DCE-NOT: torch.aten.softmax.int
+func.func @alibi_sliced_key_bias(%arg0: !torch.vtensor<[2,4,?,8],f32>, %arg1: !torch.vtensor<[2,4,?,8],f32>, %arg2: !torch.vtensor<[2,4,?,8],f32>, %arg3: !torch.vtensor<[4,1,128],f32>, %arg4: !torch.vtensor<[2,1,?,?],i1>) -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %int128 = torch.constant.int 128
+  %float = torch.constant.float 0.35355339059327373
+  %s0 = torch.symbolic_int "s0" {min_val = 2, max_val = 128} : !torch.int
+  torch.bind_symbolic_shape %arg0, [%s0], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %S = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,4,?,8],f32>, !torch.int -> !torch.int
+  %a = torch.aten.sub.int %int1, %S : !torch.int, !torch.int -> !torch.int
+  %start1 = torch.prim.max.int %a, %int0 : !torch.int, !torch.int -> !torch.int
+  %c = torch.aten.sub.int %int128, %S : !torch.int, !torch.int -> !torch.int
+  %start2 = torch.prim.max.int %c, %int0 : !torch.int, !torch.int -> !torch.int
+  %x1 = torch.aten.slice.Tensor %arg3, %int1, %start1, %none, %int1 : !torch.vtensor<[4,1,128],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[4,?,128],f32>
+  %x2 = torch.aten.slice.Tensor %x1, %int2, %start2, %none, %int1 : !torch.vtensor<[4,?,128],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[4,?,?],f32>
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,?,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,?],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,8,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[2,4,?,?],f32>, !torch.float -> !torch.vtensor<[2,4,?,?],f32>
+  %sb = torch.aten.add.Tensor %ss, %x2, %int1 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[4,?,?],f32>, !torch.int -> !torch.vtensor<[2,4,?,?],f32>
+  %min = torch.vtensor.literal(dense<-3.40282347E+38> : tensor<f32>) : !torch.vtensor<[],f32>
+  %sm = torch.aten.where.self %arg4, %min, %sb : !torch.vtensor<[2,1,?,?],i1>, !torch.vtensor<[],f32>, !torch.vtensor<[2,4,?,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %p = torch.aten.softmax.int %sm, %int-1, %none : !torch.vtensor<[2,4,?,?],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,?,?],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  return %o : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// The same slice where the sizes admit S = 1 (min_val = 1): max(1 - S, 0) may be 0 or 1, so
+// the query dim is not proven 1 and the term may vary with the query: a per-head bias of
+// (q, k), not fused (the compile warns that the scores are kept).
+// CHECK-LABEL: func.func @alibi_slice_not_proven
+// DCE-LABEL: func.func @alibi_slice_not_proven
+// CHECK-NOT: key_bias_attention
+// CHECK: torch.aten.softmax.int
+// CHECK-NOT: key_bias_attention
+func.func @alibi_slice_not_proven(%arg0: !torch.vtensor<[2,4,?,8],f32>, %arg1: !torch.vtensor<[2,4,?,8],f32>, %arg2: !torch.vtensor<[2,4,?,8],f32>, %arg3: !torch.vtensor<[4,1,128],f32>) -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 0.35355339059327373
+  %s0 = torch.symbolic_int "s0" {min_val = 0, max_val = 128} : !torch.int
+  torch.bind_symbolic_shape %arg0, [%s0], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  %S = torch.aten.size.int %arg0, %int2 : !torch.vtensor<[2,4,?,8],f32>, !torch.int -> !torch.int
+  %a = torch.aten.sub.int %int1, %S : !torch.int, !torch.int -> !torch.int
+  %start1 = torch.prim.max.int %a, %int0 : !torch.int, !torch.int -> !torch.int
+  %x1 = torch.aten.slice.Tensor %arg3, %int1, %start1, %none, %int1 : !torch.vtensor<[4,1,128],f32>, !torch.int, !torch.int, !torch.none, !torch.int -> !torch.vtensor<[4,?,128],f32>
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,?,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,?],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,8,?],f32> -> !torch.vtensor<[2,4,?,?],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[2,4,?,?],f32>, !torch.float -> !torch.vtensor<[2,4,?,?],f32>
+  %sb = torch.aten.add.Tensor %ss, %x1, %int1 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[4,?,128],f32>, !torch.int -> !torch.vtensor<[2,4,?,?],f32>
+  %p = torch.aten.softmax.int %sb, %int-1, %none : !torch.vtensor<[2,4,?,?],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,?,?],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,?,?],f32>, !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
+  return %o : !torch.vtensor<[2,4,?,8],f32>
+}
+
+// -----
+
+// ALiBi as BLOOM writes it: baddbmm(alibi, q, kᵀ) on the heads folded into the batch
+// ([B * H, S, D], the key transposed after its leading dims are merged), viewed up to
+// [B, H, S, S], plus the causal mask. The [B * H, 1, S] bias becomes [B, H, 1, S].
+// CHECK-LABEL: func.func @folded_heads_key_bias
+// CHECK: %[[B:.*]] = torch.aten.unflatten.int %arg3, %{{.*}} -> !torch.vtensor<[2,4,1,16],f32>
+// CHECK: torch.operator "torch.autosp.key_bias_attention"(%arg0, %arg1, %arg2, %arg4, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}, %[[B]])
+// DCE-LABEL: func.func @folded_heads_key_bias
+// DCE-NOT: torch.aten.bmm
+func.func @folded_heads_key_bias(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>, %arg3: !torch.vtensor<[8,1,16],f32>, %arg4: !torch.vtensor<[2,1,16,16],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int8 = torch.constant.int 8
+  %int16 = torch.constant.int 16
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 2.500000e-01
+  %l3 = torch.prim.ListConstruct %int8, %int16, %int8 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %q3 = torch.aten.view %arg0, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %k3 = torch.aten.view %arg1, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %v3 = torch.aten.view %arg2, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %perm = torch.prim.ListConstruct %int0, %int2, %int1 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %kt = torch.aten.permute %k3, %perm : !torch.vtensor<[8,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,8,16],f32>
+  %s = torch.aten.bmm %q3, %kt : !torch.vtensor<[8,16,8],f32>, !torch.vtensor<[8,8,16],f32> -> !torch.vtensor<[8,16,16],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[8,16,16],f32>, !torch.float -> !torch.vtensor<[8,16,16],f32>
+  %sb = torch.aten.add.Tensor %arg3, %ss, %int1 : !torch.vtensor<[8,1,16],f32>, !torch.vtensor<[8,16,16],f32>, !torch.int -> !torch.vtensor<[8,16,16],f32>
+  %l4 = torch.prim.ListConstruct %int2, %int4, %int16, %int-1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %s4 = torch.aten.view %sb, %l4 : !torch.vtensor<[8,16,16],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,16],f32>
+  %sm = torch.aten.add.Tensor %s4, %arg4, %int1 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.int -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %sm, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %lp = torch.prim.ListConstruct %int8, %int16, %int-1 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %p3 = torch.aten.view %p, %lp : !torch.vtensor<[2,4,16,16],f32>, !torch.list<int> -> !torch.vtensor<[8,16,16],f32>
+  %o3 = torch.aten.bmm %p3, %v3 : !torch.vtensor<[8,16,16],f32>, !torch.vtensor<[8,16,8],f32> -> !torch.vtensor<[8,16,8],f32>
+  %lo = torch.prim.ListConstruct %int2, %int4, %int16, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %o = torch.aten.view %o3, %lo : !torch.vtensor<[8,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}
+
+// -----
+
+// A per-head bias that varies with the query ([1, H, S, S]: T5's buckets written out) is
+// not a key bias: not fused, the scores kept.
+// CHECK-LABEL: func.func @per_head_query_bias_kept
+// DCE-LABEL: func.func @per_head_query_bias_kept
+// CHECK-NOT: key_bias_attention
+// CHECK: torch.aten.softmax.int {{.*}} {autosp.unfused_attention = "a per-head additive mask that varies with the query"}
+func.func @per_head_query_bias_kept(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>, %arg3: !torch.vtensor<[1,4,16,16],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,16,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,16],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,16,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,16,16],f32>
+  %sb = torch.aten.add.Tensor %s, %arg3, %int1 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[1,4,16,16],f32>, !torch.int -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %sb, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}

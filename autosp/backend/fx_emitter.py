@@ -40,7 +40,7 @@ from autosp.ir.contract import (
 )
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import SDPA_OP, SINK_ATTENTION
+from autosp.ir.ops import KEY_BIAS_ATTENTION, SDPA_OP, SINK_ATTENTION
 from autosp.ir.stated import RECURRENCE, stated
 from autosp.runtime import (
     attention,
@@ -299,6 +299,13 @@ class _Emitter:
                       "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
+            return
+        if name == KEY_BIAS_ATTENTION:  # SDPA's operands and the key bias; its proven mask in attributes
+            attrs = op.attributes
+            kwargs = {"documents": DOCUMENTS_ATTR in attrs, "key_padding": KEY_PADDING_ATTR in attrs,
+                      "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
+                      "empty_rows": _attr_value(attrs[EMPTY_ROWS_ATTR]) if EMPTY_ROWS_ATTR in attrs else None}
+            self._bind_results(op, self.graph.call_function(attention.key_bias_attention, tuple(operands), kwargs))
             return
         record = stated(name)
         if record is not None and record.layout == RECURRENCE:  # a chain or a prefix over the group when sharded

@@ -44,6 +44,7 @@ from autosp.ir.mask_algebra import (
     Data,
     DataVar,
     FloatTensor,
+    Formula,
     IntTensor,
     Lin,
     NotProven,
@@ -411,6 +412,11 @@ class MaskInterpreter:
             return IntTensor(x.rank, Lin((), int(x.formula.value)))
         if isinstance(x, BoolTensor) and at.kind == "float":
             return FloatTensor.of(x.rank, ((x.formula, 1.0), (f_not(x.formula), 0.0)))
+        if isinstance(x, FloatTensor) and at.kind == "bool":  # (MPT: its additive mask .bool()): nonzero
+            nonzero: Formula = FALSE
+            for f, c in x.pieces:
+                nonzero = f_or(nonzero, f_and(f, f_not(eq(c))) if isinstance(c, Lin) else f if c != 0 else FALSE)
+            return BoolTensor(x.rank, nonzero)
         if isinstance(x, IntTensor) and at.kind == "float" and x.lin.is_const():
             return FloatTensor(x.rank, ((TRUE, float(x.lin.const)),))
         if isinstance(x, {"int": IntTensor, "bool": BoolTensor, "float": FloatTensor}[at.kind or ""]):

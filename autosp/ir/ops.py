@@ -36,6 +36,11 @@ SDPA_OP = "torch.aten.scaled_dot_product_attention"
 # autosp-fuse-attention writes it: a ``torch.operator`` with SDPA's 8 operands and the
 # sinks ``[H]`` as operand 8. Every SDPA rule (mask proofs, GQA, partitioning) holds for it.
 SINK_ATTENTION = "torch.autosp.sink_attention"
+# Attention with an additive per-head bias that depends on the key alone (ALiBi as MPT and
+# BLOOM write it: ``[B|1, H|1, 1, S]`` broadcast over the queries), as autosp-fuse-attention
+# writes it: SDPA's 8 operands and the bias as operand 8. The bias never becomes S x S:
+# the kernels take it broadcast (stride 0 over the queries).
+KEY_BIAS_ATTENTION = "torch.autosp.key_bias_attention"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
@@ -170,9 +175,15 @@ def operator_name(op) -> str:
 
 
 def is_sdpa(op) -> bool:
-    """SDPA, or SDPA with attention sinks (:data:`SINK_ATTENTION`): an op whose operands
-    0-7 are SDPA's (q, k, v, mask, dropout, is_causal, scale, enable_gqa)."""
-    return operator_name(op) in (SDPA_OP, SINK_ATTENTION)
+    """SDPA, SDPA with attention sinks (:data:`SINK_ATTENTION`) or with a key bias
+    (:data:`KEY_BIAS_ATTENTION`): an op whose operands 0-7 are SDPA's (q, k, v, mask,
+    dropout, is_causal, scale, enable_gqa)."""
+    return operator_name(op) in (SDPA_OP, SINK_ATTENTION, KEY_BIAS_ATTENTION)
+
+
+def is_key_bias_attention(op) -> bool:
+    """Attention with a key bias (:data:`KEY_BIAS_ATTENTION`; operand 8: ``[B|1, H|1, 1, S]``)."""
+    return operator_name(op) == KEY_BIAS_ATTENTION
 
 
 def is_sink_attention(op) -> bool:

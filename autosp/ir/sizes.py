@@ -114,3 +114,99 @@ def dim_sizes(value: ir.Value) -> tuple[Lin, ...]:
             where = f"arg{ir.BlockArgument(value).arg_number}" if isinstance(value.owner, ir.Block) else value.get_name()
             out.append(Lin.var(f"{where}.d{d}"))
     return tuple(out)
+
+
+def _symbol_range(name: str, anchor: ir.Value) -> tuple[float, float] | None:
+    """``(min, max)`` of the ``torch.symbolic_int`` named ``name`` in ``anchor``'s block."""
+    owner = anchor.owner
+    block = owner if isinstance(owner, ir.Block) else owner.operation.block
+    for op in block.operations:
+        if op_name(op) == SYMBOLIC_INT and ir.StringAttr(op.attributes["symbol_name"]).value == name:
+            lo, hi = (ir.IntegerAttr(op.attributes[k]).value for k in ("min_val", "max_val"))
+            return float(lo), float(hi)
+    return None
+
+
+def int_range(value: ir.Value) -> tuple[float, float] | None:
+    """An interval holding the ``!torch.int`` ``value`` at every sequence length the program
+    admits, by interval arithmetic over the size symbols' declared ranges
+    (``torch.symbolic_int {min_val, max_val}``): constants, sizes, ``+``, ``-``, ``*`` by a
+    constant, and ``prim.max.int`` / ``prim.min.int`` (a symbolic max/min of sizes, as the
+    importer writes ``sym_max``). None where it reads anything else.
+
+    Example: ``max(1 - S, 0)`` with S >= 2 is ``(0, 0)``: the start of MPT's ALiBi slice.
+    """
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    op = owner.operation
+    name = op_name(op)
+    if name == "torch.constant.int":
+        c = float(ir.IntegerAttr(op.attributes["value"]).value)
+        return c, c
+    if name == "torch.aten.size.int":
+        dim = op.operands[1].owner
+        if isinstance(dim, ir.Block) or op_name(dim) != "torch.constant.int":
+            return None
+        sizes = dim_sizes(op.operands[0])
+        d = ir.IntegerAttr(dim.operation.attributes["value"]).value % len(sizes)
+        lin = sizes[d]
+        if lin.is_const():
+            return float(lin.const), float(lin.const)
+        if len(lin.terms) != 1:
+            return None
+        (symbol, coeff), = lin.terms
+        found = _symbol_range(symbol, value)
+        if found is None:
+            return None
+        ends = (coeff * found[0] + lin.const, coeff * found[1] + lin.const)
+        return min(ends), max(ends)
+    args = [int_range(x) for x in op.operands]
+    if any(a is None for a in args) or len(args) != 2:
+        return None
+    (a_lo, a_hi), (b_lo, b_hi) = args  # type: ignore[misc]
+    if name == "torch.aten.add.int":
+        return a_lo + b_lo, a_hi + b_hi
+    if name == "torch.aten.sub.int":
+        return a_lo - b_hi, a_hi - b_lo
+    if name == "torch.prim.max.int":
+        return max(a_lo, b_lo), max(a_hi, b_hi)
+    if name == "torch.prim.min.int":
+        return min(a_lo, b_lo), min(a_hi, b_hi)
+    if name == "torch.aten.mul.int" and (a_lo == a_hi or b_lo == b_hi):
+        products = [a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi]
+        return min(products), max(products)
+    return None
+
+
+def static_size(value: ir.Value, dim: int) -> int | None:
+    """Dim ``dim`` of ``value`` where it is one number at every sequence length: from the
+    type or the shape binding, or through ``aten.slice.Tensor`` (the other dims are the
+    input's; the sliced one ``size - start`` where :func:`int_range` pins the start inside
+    the input and the end is none or past it, step 1). None where not proven."""
+    try:
+        sizes = dim_sizes(value)
+    except NotProven:
+        return None
+    dim %= len(sizes)
+    if sizes[dim].is_const():
+        return sizes[dim].const
+    owner = value.owner
+    if isinstance(owner, ir.Block) or op_name(owner) != "torch.aten.slice.Tensor":
+        return None
+    op = owner.operation
+    on = op.operands[1].owner
+    if isinstance(on, ir.Block) or op_name(on) != "torch.constant.int":
+        return None
+    sliced = ir.IntegerAttr(on.operation.attributes["value"]).value % len(sizes)
+    whole = static_size(op.operands[0], dim)
+    if dim != sliced or whole is None:
+        return whole
+    start, end, step = (int_range(x) if op_name(x.owner) != "torch.constant.none" else None  # type: ignore[arg-type]
+                        for x in op.operands[2:5])
+    end_is_none = op_name(op.operands[3].owner) == "torch.constant.none"  # type: ignore[arg-type]
+    if start is None or start[0] != start[1] or not 0 <= start[0] <= whole or step != (1.0, 1.0):
+        return None
+    if not end_is_none and (end is None or end[0] < whole):
+        return None
+    return whole - int(start[0])

@@ -187,7 +187,9 @@ class _Recorder(TorchDispatchMode):
             if kernel.startswith("cpu"):
                 self.step.math.append(f"{func} (the CPU kernel) in a CUDA program")
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and sum(1 for n in t.shape if n in self.sizes) >= 2:
+            # (a dim broadcast with stride 0, e.g. a key bias expanded over the queries, holds nothing)
+            if isinstance(t, torch.Tensor) and sum(1 for n, st in zip(t.shape, t.stride())
+                                                   if n in self.sizes and st != 0) >= 2:
                 self.step.quadratic.append((str(func), tuple(t.shape)))
         return out
 

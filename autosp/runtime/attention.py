@@ -36,6 +36,8 @@ Example::
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -430,6 +432,69 @@ def document_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         order = torch.cat(spans)
         outs.append(torch.cat(parts, dim=-2).index_select(-2, torch.argsort(order)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def key_bias_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False, bias=None, *, key_padding: bool = False, documents: bool = False,
+                       window: int | None = None, empty_rows=None):
+    """Softmax attention with an additive ``bias`` that depends on the key alone
+    (``[B|1, H|1, 1, S|1]``: ALiBi as MPT and BLOOM write it), under SDPA's other
+    arguments as ``autosp-causal-mask`` left them (``attn_mask``: None, a [B, 1, 1, S] key
+    padding with ``key_padding``, document ids with ``documents``, or a kept mask).
+
+    Causal or bidirectional, with or without key padding: one fused kernel with the bias
+    broadcast over the queries (stride 0), which keeps only its output, log-sum-exp and
+    the broadcast bias for backward: O(S) bytes. On CPU the fused CPU kernel (it takes
+    ``is_causal`` and the mask together); on CUDA :func:`autosp.runtime.kernels.dense`
+    (the memory-efficient kernel, the bias expanded without a copy). Documents, a window
+    or a kept mask build the [B, H, S, S] additive mask and run SDPA on it: correct, at the
+    S x S cost, warned once; so does a bias that requires grad (a learned one: the fused
+    kernels differentiate q, k and v only). ``empty_rows`` as :func:`key_padded_causal_attention`."""
+    if bias is None:
+        raise ValueError("key_bias_attention: a bias is required")
+    if dropout_p != 0.0:
+        raise ValueError("key_bias_attention: no dropout")
+    if bias.dim() != 4 or bias.shape[2] != 1:
+        raise ValueError(f"key_bias_attention: the bias is [B|1, H|1, 1, S|1], got {tuple(bias.shape)}")
+    if bias.is_floating_point() and torch.finfo(bias.dtype).bits > torch.finfo(query.dtype).bits:
+        # A wider bias (MPT's fp32 ALiBi over bf16 scores: eager adds it in fp32): the kernel runs
+        # in the bias's dtype, as rounding the bias would lose its far keys' differences.
+        q, k, v = (t.to(bias.dtype) for t in (query, key, value))
+        mask = attn_mask.to(bias.dtype) if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
+        return key_bias_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, bias,
+                                  key_padding=key_padding, documents=documents, window=window,
+                                  empty_rows=empty_rows).to(query.dtype)
+    bias = bias.to(query.dtype)
+    if not documents and window is None and (attn_mask is None or key_padding) and not bias.requires_grad:
+        mask = bias if attn_mask is None else bias + _key_bias(attn_mask, query)
+        out = _attend(query, key, value, mask, scale, enable_gqa, causal=bool(is_causal))
+        if attn_mask is None:
+            return out
+        return _empty_rows(out, query, key, value, attn_mask, None, scale, enable_gqa, empty_rows,
+                           causal=bool(is_causal))
+    warnings.warn("autosp: key bias attention whose mask is documents, a window or a kept mask, or whose bias is "
+                  "learned (the fused kernels give no gradient to it), builds the [B, H, S, S] additive mask "
+                  "(O(S^2) bytes)", RuntimeWarning, stacklevel=2)
+    s = query.shape[-2]
+    allowed = None
+    if documents:
+        ids = attn_mask[:, :, 0, :]  # [B, 1, S]
+        allowed = ids[..., :, None] == ids[..., None, :]
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        allowed = attn_mask
+    if is_causal or window is not None:
+        d = torch.arange(s, device=query.device)[:, None] - torch.arange(s, device=query.device)[None, :]
+        band = (d >= 0) & (d < window) if window is not None else d >= 0
+        allowed = band if allowed is None else allowed & band
+    full = bias
+    if allowed is not None:
+        full = full + torch.where(allowed, 0.0, float("-inf")).to(query.dtype)
+    if attn_mask is not None and attn_mask.dtype != torch.bool and not documents:
+        full = full + attn_mask.to(query.dtype)
+    out = sdpa(query, key, value, attn_mask=full, scale=scale, enable_gqa=enable_gqa)
+    if empty_rows is None or allowed is None:
+        return out
+    return _replace_empty(out, query, key, value, ~allowed.any(dim=-1, keepdim=True), scale, enable_gqa, empty_rows)
 
 
 def sink_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,

@@ -243,6 +243,37 @@ def test_negative_control_mamba2_state_sent_as_the_kernels_view(monkeypatch):
     assert any("non-contiguous state" in p for p in step.problems()), step.problems()
 
 
+def _alibi_7b(family: str):
+    """MPT-7B's and BLOOM-7B1's attention shapes (32 heads of 128, ALiBi), two layers."""
+    if family == "mpt":
+        return transformers.MptConfig(vocab_size=128, d_model=4096, n_heads=32, n_layers=2, expansion_ratio=4,
+                                      max_seq_len=1 << 17, use_cache=False)
+    return transformers.BloomConfig(vocab_size=128, hidden_size=4096, n_head=32, n_layer=2, use_cache=False)
+
+
+@pytest.mark.parametrize("family", ["mpt", "bloom"])
+def test_alibi_at_7b_shapes_runs_the_efficient_kernel_with_a_broadcast_bias(family):
+    """ALiBi (MPT's sliced table, BLOOM's baddbmm on folded heads) at 7B shapes, S = 32K over
+    8 ranks on CUDA: fused into key-bias attention, run by the memory-efficient kernel with
+    the [1|B, 4, 1, S] bias of this rank's 4 heads expanded over the queries (stride 0):
+    no [S, S] tensor."""
+    step = cuda_step(_alibi_7b(family), 32768, sp_size=8, call="plain", ranks=[7])[0]
+    step.check()
+    assert step.kernels() == {"efficient": 2, "efficient backward": 2}, step.kernels()
+
+
+def test_negative_control_alibi_not_fused_keeps_the_scores(monkeypatch):
+    """Without the key-bias proof (every bias taken as one that varies with the query) the
+    scores stay written out: [S, S] per head."""
+    from autosp.passes import fuse_attention
+
+    def never(t, rank):
+        raise fuse_attention._NoMatch("control: no key bias")
+    monkeypatch.setattr(fuse_attention, "_term_kind", never)
+    step = cuda_step(_alibi_7b("mpt"), 32768, sp_size=8, call="plain", ranks=[7])[0]
+    assert step.quadratic, (step.kernels(), step.problems())
+
+
 def test_fsdp2_and_memory_budget_with_offload():
     steps = cuda_step(_llama(num_hidden_layers=3), S, sp_size=2, call="position_ids", fsdp=2)
     for step in steps:

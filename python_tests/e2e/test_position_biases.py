@@ -58,6 +58,7 @@ def _body(rank, world, queue, seed, family, control=False):
     import autosp
     from autosp.backend import fx_emitter
     from autosp.ir import contract
+    from autosp.planning.memory import SavedTensors
     from autosp.testing.parity import adamw_steps, parity
     original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
     if control:  # restored below: pooled ranks run the next test in this process
@@ -79,9 +80,18 @@ def _body(rank, world, queue, seed, family, control=False):
                 ir = compiled.programs[0].mlir["transformed"]
                 r = {"outputs": report.max_output_error, "grads": report.max_grad_error,
                      "local_heads": ir.count('"autosp.local_heads"'), "functions": ir.count("autograd_function")}
+                r["fused"] = ir.count('"torch.autosp.key_bias_attention"')
                 if not control:
                     r["steps"] = adamw_steps(reference, model, compiled, loss_of,
                                              [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
+                if not control and i == 0:  # bytes kept for backward on this rank at S = 64 and 128
+                    r["saved"] = {}
+                    for s in (64, 128):
+                        x = torch.randint(0, VOCAB, (2, s), generator=gen)
+                        with SavedTensors(list(model.parameters())) as kept:
+                            loss = loss_of(compiled, x)
+                        r["saved"][s] = kept.bytes
+                        del loss
             out[case.id()] = r
     finally:
         fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
@@ -101,6 +111,10 @@ def test_position_bias_models_match_single_device(family, world, _fresh_seed):
             assert r["local_heads"] == 2, where  # one bias per layer (T5: per layer's attn_mask), cut to the heads
             if family == "bloom":
                 assert r["functions"] > 0, where  # its GeLU: its own autograd Function, kept
+            if family in ("mpt", "bloom"):  # ALiBi: a key bias, fused with attention (no S x S scores)
+                assert r["fused"] == 2, where
+                if "saved" in r:
+                    assert r["saved"][128] / r["saved"][64] <= 2.3, where
 
 
 @pytest.mark.parametrize("family", ["mpt", "bloom", "t5"])
@@ -147,3 +161,69 @@ def test_padded_batches_match_single_device(world, _fresh_seed):
     if world == 2:
         control = run_ranks(_padded_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
         assert min(r["bloom"] for r in control.values()) > 1e-3, control
+
+
+def _narrowed_bias(attention):
+    """The control: the key bias rounded to q's dtype (what fusing without the upcast would do)."""
+    original = attention.key_bias_attention
+
+    def narrow(q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, gqa=False, bias=None, **kw):
+        return original(q, k, v, mask, dropout_p, is_causal, scale, gqa, bias.to(q.dtype), **kw)
+    return narrow
+
+
+def _half_body(rank, world, queue, seed, control=False):
+    """MPT in bf16 (its fp32 ALiBi table added to bf16 scores: the kernel runs in fp32) and
+    BLOOM in bf16 and under autocast (an fp32 mask over bf16 scores), S = 1001: the loss
+    against eager in the same precision and in fp32, and the logits against eager.
+    ``control``: MPT with the bias rounded to bf16 inside the kernel."""
+    import contextlib
+
+    import autosp
+    from autosp.runtime import attention
+    original = attention.key_bias_attention
+    if control:
+        attention.key_bias_attention = _narrowed_bias(attention)
+    out = {}
+    try:
+        cases = [("mpt", "bf16")] if control else [("mpt", "bf16"), ("bloom", "bf16"), ("bloom", "autocast")]
+        for family, mode in cases:
+            torch.manual_seed(seed)
+            if family == "mpt":
+                cfg = transformers.MptConfig(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=2048,
+                                             expansion_ratio=2, use_cache=False)
+                model = transformers.MptForCausalLM(cfg)
+            else:
+                model = _model("bloom")
+            if mode == "bf16":
+                model = model.to(torch.bfloat16)
+            fp32, reference = copy.deepcopy(model).float(), copy.deepcopy(model)
+            compiled = autosp.compile(model, gather_outputs=True)
+            ids = torch.randint(0, VOCAB, (2, 1001), generator=torch.Generator().manual_seed(seed))
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with autocast, torch.no_grad():
+                    mine, theirs = compiled(input_ids=ids, labels=ids), reference(input_ids=ids, labels=ids)
+                exact = fp32(input_ids=ids, labels=ids).loss.item()
+            ir = compiled.programs[0].mlir["transformed"]
+            out[(family, mode)] = {"fused": ir.count('"torch.autosp.key_bias_attention"'),
+                                   "loss_vs_fp32": abs(mine.loss.item() - exact),
+                                   "eager_vs_fp32": abs(theirs.loss.item() - exact),
+                                   "logits": (mine.logits.float() - theirs.logits.float()).abs().max().item()}
+    finally:
+        attention.key_bias_attention = original
+    queue.put((rank, out))
+
+
+def test_half_precision_alibi_matches_eager(_fresh_seed):
+    """bf16 and autocast at P = 2: both families fused, as close to fp32 as eager is, logits
+    within bf16 rounding of eager's. Control: MPT's bias rounded to bf16 misses by 10x more."""
+    results = run_ranks(_half_body, 2, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, by_case in results.items():
+        for case, r in by_case.items():
+            where = f"rank {rank}, {case}: {r}"
+            assert r["fused"] == 2, where
+            assert r["loss_vs_fp32"] <= max(5e-5, 2 * r["eager_vs_fp32"]) and r["logits"] <= 0.03, where
+    control = run_ranks(_half_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
+    assert min(r[("mpt", "bf16")]["logits"] for r in control.values()) > 0.05, control
