@@ -38,7 +38,7 @@ from torch_mlir.extras.fx_importer import FxImporter
 from autosp.frontend import cache, flex, symbolic
 from autosp.ir import stated
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
-from autosp.ir.core import as_operation, main_func, make_context
+from autosp.ir.core import as_operation, main_func, make_context, op_name
 from autosp.ir.diagnostics import AutospError
 from autosp.runtime import fsdp
 
@@ -295,6 +295,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
             inferred.discard(i)
     _refuse_custom_backwards(functions)
     _check_no_input_mutation(program, names, kinds)
+
     timings["export_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -305,6 +306,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     if hit is None:
         with autocast_off():
             module = _import_or_explain(program, table, context or make_context())
+        if any(d is not None for d in input_seq_dims):
+            _check_sequence_kept(module, seq_len, model)
         cache.store(key, module)
     else:
         module = hit[0]
@@ -546,6 +549,25 @@ def _refuse_custom_backwards(functions) -> None:
                           "so a backward that is not their derivative (a straight-through estimator, a clipped or "
                           "rescaled gradient) would be lost and training would differ from one device. If each "
                           f"backward is the derivative of its forward, set {TRUST_FUNCTIONS_ENV}=1")
+
+
+def _check_sequence_kept(module: ir.Operation, seq_len, model: torch.nn.Module) -> None:
+    """Raise where the import lost the sequence's symbol although the export kept it: the
+    decomposition's retrace pinned the length to this call's value (a decomposed op compares
+    it to a constant the model uses that equals it here: MPT called at exactly its
+    ``max_seq_len``), so the program would serve this length only. Names the model's config
+    fields of that value and what to do, rather than the pipeline's "no sequence axis"."""
+    from autosp.ir.ops import SYMBOLIC_INT
+    if any(op_name(op) == SYMBOLIC_INT for op in main_func(module).entry_block.operations):
+        return
+    config = getattr(model, "config", None)
+    fields = sorted(k for k, v in (vars(config).items() if config is not None else ())
+                    if isinstance(v, int) and not isinstance(v, bool) and v == seq_len)
+    named = f" (the model's config has {', '.join(f'{k} = {seq_len}' for k in fields)})" if fields else ""
+    raise AutospError(f"the sequence length became the constant {seq_len} while torch decomposed the exported "
+                      f"program: the model compares it to a constant that equals this call's length{named}, so one "
+                      f"program would serve this length only. Call the first compiled step at another length (e.g. "
+                      f"{seq_len - 1 if seq_len else 1}), or raise the model's maximum length")
 
 
 def _specialization_site(wrapper, state, inputs, dynamic_shapes, model) -> str | None:

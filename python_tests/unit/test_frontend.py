@@ -245,3 +245,23 @@ def test_ops_torch_mlir_has_no_op_for_stay_one_opaque_op():
     out = gm(*[p for p in model.parameters()], x)
     out = out[0] if isinstance(out, (tuple, list)) else out
     assert torch.equal(out, model(x))
+
+
+def test_a_length_the_decomposition_pins_is_named_with_the_config_field():
+    """MPT called at exactly its max_seq_len: the export keeps S symbolic, but torch's
+    decomposition retrace pins it to the constant (ALiBi's slice start max_seq_len - S is
+    0). The import names the config field and what to do, not the pipeline's later "no
+    sequence axis ... import with a dynamic sequence length". Control: one shorter imports
+    with a symbolic S."""
+    transformers = pytest.importorskip("transformers")
+    from autosp.frontend.importer import import_model
+    from autosp.ir.diagnostics import AutospError
+    torch.manual_seed(0)
+    cfg = transformers.MptConfig(vocab_size=64, d_model=16, n_heads=2, n_layers=1, max_seq_len=24, expansion_ratio=2,
+                                 use_cache=False)
+    model = transformers.MptForCausalLM(cfg)
+    ids = torch.randint(0, 64, (1, 24))
+    with pytest.raises(AutospError, match=r"became the constant 24.*max_seq_len = 24.*another length \(e\.g\. 23\)"):
+        import_model(model, input_ids=ids, labels=ids)
+    ids = ids[:, :23]
+    assert "torch.symbolic_int" in str(import_model(model, input_ids=ids, labels=ids).module)
