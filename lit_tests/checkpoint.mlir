@@ -60,9 +60,9 @@ func.func @two_layers(%arg0: !torch.vtensor<[2,4,?,8],f32>) -> !torch.vtensor<[2
 // FULL:       "autosp.ring_attention"{{.*}} {autosp.region = 1 : i64, autosp.segment = 1
 func.func @ring(%x: !torch.vtensor<[2,4,?,8],f32>, %s: !torch.int) -> !torch.vtensor<[2,4,?,8],f32> {
   %q = torch.aten.neg %x : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
-  %a = "autosp.ring_attention"(%q, %q, %q, %s) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+  %a = "autosp.ring_attention"(%q, %q, %q, %s) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0>, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
   %h = torch.aten.neg %a : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
-  %b = "autosp.ring_attention"(%h, %h, %h, %s) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
+  %b = "autosp.ring_attention"(%h, %h, %h, %s) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0>, scale = 0.0 : f64, window = 0 : i64} : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.int) -> !torch.vtensor<[2,4,?,8],f32>
   %r = torch.aten.neg %b : !torch.vtensor<[2,4,?,8],f32> -> !torch.vtensor<[2,4,?,8],f32>
   return %r : !torch.vtensor<[2,4,?,8],f32>
 }

@@ -37,7 +37,7 @@
 // RING-SAME: (%[[QIN:[^:]*]]: !torch.vtensor<[2,4,?,8],f32> {{.*}}, %[[KIN:[^:]*]]: {{.*}}, %[[VIN:[^:]*]]:
 // RING: %[[S:.*]] = torch.aten.size.int %[[QIN]]
 // RING-NOT: autosp.all_to_all
-// RING: %[[O:.*]] = "autosp.ring_attention"(%[[QIN]], %[[KIN]], %[[VIN]], %[[S]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: %[[O:.*]] = "autosp.ring_attention"(%[[QIN]], %[[KIN]], %[[VIN]], %[[S]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}) -> !torch.vtensor<[2,4,?,8],f32>
 // RING-NOT: autosp.all_to_all
 // RING: return %[[O]]
 // Hybrid 2 x 2: Ulysses all-to-alls on the ":ulysses" sub-group around a ring on ":ring".
@@ -193,7 +193,7 @@ func.func @repeat_kv(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]"
 // CHECK: torch.aten.scaled_dot_product_attention {{.*}} {autosp.key_padding} : {{.*}}, !torch.vtensor<[2,1,1,?],i1>, {{.*}} -> !torch.vtensor<[2,2,?,8],f32>
 // RING-LABEL: func.func @key_padding
 // RING-SAME: %[[PAD:[^:]*]]: !torch.vtensor<[2,1,1,?],i1>
-// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[PAD]]) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}, !torch.int, !torch.vtensor<[2,1,1,?],i1>) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[PAD]]) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 1, 0, 0>, scale = 0.000000e+00 : f64, window = 0 : i64} : ({{.*}}, !torch.int, !torch.vtensor<[2,1,1,?],i1>) -> !torch.vtensor<[2,4,?,8],f32>
 // HYB-LABEL: func.func @key_padding
 // HYB: "autosp.ring_attention"({{.*}}) {group = "sp:ring", is_causal = 0 : i64, key_padding = 1 : i64, {{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
 func.func @key_padding(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
@@ -221,9 +221,9 @@ func.func @key_padding(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0
 // CHECK: torch.operator "torch.autosp.sink_attention"(%[[Q]], {{.*}}, %[[SINKS]]) {autosp.sink_heads = "sp"{{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
 // RING-LABEL: func.func @attention_sinks
 // RING-SAME: %[[SINKS:[^:]*]]: !torch.vtensor<[4],f32>
-// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[SINKS]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1>, {{.*}}} : ({{.*}}, !torch.int, !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,?,8],f32>
+// RING: "autosp.ring_attention"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[SINKS]]) {group = "sp:ring", is_causal = 1 : i64, key_padding = 0 : i64, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1, 0>, {{.*}}} : ({{.*}}, !torch.int, !torch.vtensor<[4],f32>) -> !torch.vtensor<[2,4,?,8],f32>
 // HYB-LABEL: func.func @attention_sinks
-// HYB: "autosp.ring_attention"({{.*}}) {autosp.sink_heads = "sp:ulysses", group = "sp:ring", {{.*}}operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1>{{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
+// HYB: "autosp.ring_attention"({{.*}}) {autosp.sink_heads = "sp:ulysses", group = "sp:ring", {{.*}}operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1, 0>{{.*}}} : ({{.*}}) -> !torch.vtensor<[2,2,?,8],f32>
 func.func @attention_sinks(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
                            %sinks: !torch.vtensor<[4],f32> {autosp.parameter = "sinks"})
     -> !torch.vtensor<[2,4,?,8],f32> {

@@ -70,20 +70,3 @@ func.func @padding_empty_rows(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = 
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }
 
-// -----
-
-// A key bias (ALiBi) would need each key block's slice of the bias in every ring step: not
-// built yet, diagnosed (Ulysses runs it: partition_attention_key_bias.mlir).
-func.func @key_bias(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
-                    %bias: !torch.vtensor<[1,4,1,?],f32> {autosp.parameter = "alibi"})
-    -> !torch.vtensor<[2,4,?,8],f32> {
-  %none = torch.constant.none
-  %float0 = torch.constant.float 0.000000e+00
-  %false = torch.constant.bool false
-  %true = torch.constant.bool true
-  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
-  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
-  // expected-error@+1 {{'torch.operator "torch.autosp.key_bias_attention"' op cannot run as ring attention: it adds a per-head key bias (ALiBi), which the ring does not carry yet (Ulysses does)}}
-  %0 = torch.operator "torch.autosp.key_bias_attention"(%q, %q, %q, %none, %float0, %true, %none, %false, %bias) : (!torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool, !torch.vtensor<[1,4,1,?],f32>) -> !torch.vtensor<[2,4,?,8],f32>
-  return %0 : !torch.vtensor<[2,4,?,8],f32>
-}

@@ -157,8 +157,6 @@ def ring_blocker(op, kind: str) -> str | None:
     if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
-    if ops.is_key_bias_attention(op):
-        return "it adds a per-head key bias (ALiBi), which the ring does not carry yet (Ulysses does)"
     if EMPTY_ROWS_ATTR in op.attributes and not ops.is_sink_attention(op):  # (with sinks: zeros, as the ring)
         return (f"its queries whose keys are all masked attend as eager attention's "
                 f"'{ir.StringAttr(op.attributes[EMPTY_ROWS_ATTR]).value}' rule says (a mean over every rank's values); "
@@ -346,11 +344,13 @@ def to_ring(op, group: str, seq_len: ir.Value) -> None:
     padded = KEY_PADDING_ATTR in op.attributes
     masks = [mask] if DOCUMENTS_ATTR in op.attributes or padded else []
     sinks = [op.operands[8]] if ops.is_sink_attention(op) else []
+    bias = [op.operands[8]] if ops.is_key_bias_attention(op) else []
     with ir.InsertionPoint(op), op.location:
-        ring = b.autosp_op(RING_ATTENTION, [q, k, v, seq_len] + masks + sinks, op.results[0].type,
+        ring = b.autosp_op(RING_ATTENTION, [q, k, v, seq_len] + masks + sinks + bias, op.results[0].type,
                            is_causal=int(causal), window=window, scale=float(scale), group=group,
                            key_padding=int(padded))
-        ring.owner.attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get([1, 1, 1, 1, len(masks), len(sinks)])
+        ring.owner.attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
+            [1, 1, 1, 1, len(masks), len(sinks), len(bias)])
     if SINK_HEADS_ATTR in op.attributes:  # (hybrid: this rank's Ulysses heads)
         ring.owner.attributes[SINK_HEADS_ATTR] = op.attributes[SINK_HEADS_ATTR]
     op.results[0].replace_all_uses_with(ring)

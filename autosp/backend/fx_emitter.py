@@ -115,15 +115,16 @@ def vocab_logprob(h, weight_t, index, *, chunk: int = 0, steps: str = "", softma
 _AUTOSP_OPS[contract.VOCAB_LOGPROB] = (vocab_logprob, ("h", "weight_t", "index"))
 
 
-def ring_attention(q, k, v, seq_len, mask=None, sink_logits=None, *, is_causal: int, window: int, scale: float,
-                   group: str, key_padding: int = 0, heads_group: str | None = None):
+def ring_attention(q, k, v, seq_len, mask=None, sink_logits=None, key_bias=None, *, is_causal: int, window: int,
+                   scale: float, group: str, key_padding: int = 0, heads_group: str | None = None):
     """``autosp.ring_attention``: :func:`autosp.runtime.ring.ring_attention` with the ring
     ranks' pieces of the sequence read from the group's layout (each ring rank attends
     with its ring group's frame), the [B, 1, 1, S] ``mask`` operand as [B, S] (document
     ids, or with ``key_padding = 1`` the boolean key padding), and the attributes' "none"
     spellings (``window`` 0, ``scale`` 0.0) as None. Under torch.compile (``backend=``):
     the same ring as the opaque op ``autosp::ring_attention``. ``sink_logits``: the [H]
-    sinks (``heads_group``: the Ulysses group whose rank picks this rank's chunk)."""
+    sinks (``heads_group``: the Ulysses group whose rank picks this rank's chunk).
+    ``key_bias``: the whole [B|1, H|1, 1, S] key bias (ALiBi), already this rank's heads."""
     from autosp.runtime import ring
     if sink_logits is not None:
         sink_logits = attention.heads_chunk(sink_logits, q.shape[1], heads_group)
@@ -131,13 +132,14 @@ def ring_attention(q, k, v, seq_len, mask=None, sink_logits=None, *, is_causal: 
     ids, keep = (None, rows) if key_padding else (rows, None)
     if torch.compiler.is_compiling():
         return ring.ring_attention_op(q, k, v, ids, keep, seq_len, group, bool(is_causal), float(scale),
-                                      int(window), sink_logits)[0]
+                                      int(window), sink_logits, key_bias)[0]
     return ring.ring_attention(q, k, v, pieces=ring.layout_pieces(group, seq_len), group=group,
                                is_causal=bool(is_causal), scale=scale or None, doc_ids=ids, window=window or None,
-                               key_padding=keep, sinks=sink_logits)
+                               key_padding=keep, sinks=sink_logits, key_bias=key_bias)
 
 
-_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "mask", "sink_logits"))
+_AUTOSP_OPS[contract.RING_ATTENTION] = (ring_attention, ("q", "k", "v", "seq_len", "mask", "sink_logits",
+                                                         "key_bias"))
 
 
 def resolve_torch_op(name: str):

@@ -202,8 +202,9 @@ irdl.dialect @autosp {
     %group = irdl.base "#builtin.string"
     %padding = irdl.base "#builtin.integer"
     %logits = irdl.base "!torch.vtensor"
+    %bias = irdl.base "!torch.vtensor"
     irdl.operands(query: %query, key: %kv, value: %value, seq_len: %int, mask: optional %ids,
-                  sink_logits: optional %logits)
+                  sink_logits: optional %logits, key_bias: optional %bias)
     irdl.results(output: %result)
     irdl.attributes { "is_causal" = %causal, "window" = %window, "scale" = %scale, "group" = %group,
                       "key_padding" = %padding }

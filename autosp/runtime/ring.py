@@ -256,6 +256,15 @@ def _additive(vis: torch.Tensor, dtype) -> torch.Tensor:
     return torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill(~vis, float("-inf"))
 
 
+def _pair_mask(vis, bias, dtype):
+    """A pair's additive mask: its visibility (None: every key), plus its keys' slice of the
+    key bias (``[B|1, H|1, 1, Lk]``, broadcast over the queries; None: no bias)."""
+    if bias is None:
+        return None if vis is None else _additive(vis, dtype)
+    bias = bias.to(dtype)
+    return bias if vis is None else _additive(vis, dtype) + bias
+
+
 # ----------------------------------------------------------------------------- kernels
 def _acc(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: fp32, or fp64 for fp64 inputs (the CPU kernel's lse is fp64 there)."""
@@ -272,14 +281,18 @@ def _use_kernel(q: torch.Tensor) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-def _math_scores(q, k, vis, diag, scale):
+def _math_scores(q, k, vis, diag, scale, bias=None):
     """Scores ``[B, Hkv, G, Lq, Lk]`` in the accumulation dtype (query head h uses KV head
-    h // G), masked."""
+    h // G), masked, plus the pair's key bias slice."""
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     acc = _acc(q.dtype)
     qf = q.to(acc).reshape(b, hkv, hq // hkv, lq, d)
     s = (qf @ k.to(acc).unsqueeze(2).transpose(-1, -2)) * scale
+    if bias is not None:  # [B|1, H|1, 1, Lk] -> [B|1, Hkv|1, G|1, 1, Lk]
+        hb = bias.shape[1]
+        s = s + (bias.to(acc).reshape(bias.shape[0], hkv, hq // hkv, 1, lk) if hb == hq
+                 else bias.to(acc).reshape(bias.shape[0], 1, 1, 1, lk))
     if diag:
         vis = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()[None, None]
     if vis is not None:
@@ -292,12 +305,13 @@ def _pick(kernel, vis):
     return kernel[0] if vis is None else kernel[1]
 
 
-def _pair_forward(q, k, v, kind, vis, scale, kernel):
+def _pair_forward(q, k, v, kind, vis, scale, kernel, bias=None):
     """One pair's (out [B, Hq, Lq, D], lse [B, Hq, Lq]) in the accumulation dtype; rows
-    that see no key in this pair get out 0 and lse -inf."""
-    name = _pick(kernel, vis)
+    that see no key in this pair get out 0 and lse -inf. ``bias``: the pair's keys' slice
+    of the key bias (the masked kernel then runs every pair)."""
+    name = _pick(kernel, vis if bias is None else True)
     if name != "math":
-        mask = None if vis is None else _additive(vis, q.dtype)
+        mask = _pair_mask(vis, bias, q.dtype)
         if name == "cpu":
             o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
@@ -310,19 +324,19 @@ def _pair_forward(q, k, v, kind, vis, scale, kernel):
             lse = lse.masked_fill(empty, float("-inf"))
         return o, lse
     b, hq, lq, d = q.shape
-    s, _ = _math_scores(q, k, vis, kind == _DIAG, scale)
+    s, _ = _math_scores(q, k, vis, kind == _DIAG, scale, bias)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
     o = p @ v.to(p.dtype).unsqueeze(2)
     return o.reshape(b, hq, lq, d), lse.reshape(b, hq, lq)
 
 
-def _pair_backward(dout, q, k, v, out, lse, delta, kind, vis, scale, kernel):
+def _pair_backward(dout, q, k, v, out, lse, delta, kind, vis, scale, kernel, bias=None):
     """One pair's (dq, dk, dv) given the FINAL output and lse of these query rows (lse of a
     row that saw nothing is +inf here, so its probabilities are 0)."""
-    name = _pick(kernel, vis)
+    name = _pick(kernel, vis if bias is None else True)
     if name != "math":
-        mask = None if vis is None else _additive(vis, q.dtype)
+        mask = _pair_mask(vis, bias, q.dtype)
         if name == "cpu":
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 dout, q, k, v, out, lse, 0.0, kind == _DIAG, attn_mask=mask, scale=scale)
@@ -331,7 +345,7 @@ def _pair_backward(dout, q, k, v, out, lse, delta, kind, vis, scale, kernel):
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    s, qf = _math_scores(q, k, vis, kind == _DIAG, scale)
+    s, qf = _math_scores(q, k, vis, kind == _DIAG, scale, bias)
     p = torch.exp(s - lse.reshape(b, hkv, g, lq)[..., None])
     do = dout.to(qf.dtype).reshape(b, hkv, g, lq, d)
     dv = (p.transpose(-1, -2) @ do).sum(2)
@@ -366,6 +380,7 @@ class _Spec:
     scale: float
     simulated: bool
     kernel: tuple          # (full/diagonal pairs, masked pairs): "cpu", "flash", "efficient" or "math"
+    bias: torch.Tensor | None = None  # [B or 1, H or 1, 1, S] additive key bias (ALiBi), whole
 
 
 class _Ring:
@@ -435,7 +450,7 @@ def _pairs(spec: _Spec, src: int, device):
         for ka, kb, ko in spec.layouts[src]:
             kind, vis = _pair_plan(qa, qb, ka, kb, spec, device)
             if kind != _SKIP:
-                yield qo, qb - qa, ko, kb - ka, kind, vis
+                yield qo, qb - qa, ko, kb - ka, kind, vis, (None if spec.bias is None else spec.bias[..., ka:kb])
 
 
 def _ring_forward(q, k, v, spec: _Spec):
@@ -449,9 +464,9 @@ def _ring_forward(q, k, v, spec: _Spec):
         src = (r - t) % R
         works, arriving = ring.pass_kv(kv, spec, t, _TAG_KV)
         kb_, vb_ = kv[0], kv[1]
-        for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
+        for qo, n, ko, m, kind, vis, bias in _pairs(spec, src, q.device):
             o, o_lse = _pair_forward(q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
-                                     kind, vis, spec.scale, spec.kernel)
+                                     kind, vis, spec.scale, spec.kernel, bias)
             _merge(out.narrow(2, qo, n), lse.narrow(2, qo, n), o, o_lse)
         ring.wait(works)
         if arriving is not None:
@@ -475,11 +490,11 @@ def _ring_backward(dout, q, k, v, out, lse, spec: _Spec):
         kv_works, arriving = ring.pass_kv(kv, spec, t, _TAG_BWD_KV)
         part = torch.zeros(_block_shape(k, spec.lengths[src]), dtype=acc, device=q.device)
         kb_, vb_ = kv[0], kv[1]
-        for qo, n, ko, m, kind, vis in _pairs(spec, src, q.device):
+        for qo, n, ko, m, kind, vis, bias in _pairs(spec, src, q.device):
             g_q, g_k, g_v = _pair_backward(
                 dout.narrow(2, qo, n), q.narrow(2, qo, n), kb_.narrow(2, ko, m), vb_.narrow(2, ko, m),
                 out.narrow(2, qo, n), lse_bw.narrow(2, qo, n).contiguous(),
-                None if delta is None else delta.narrow(2, qo, n), kind, vis, spec.scale, spec.kernel)
+                None if delta is None else delta.narrow(2, qo, n), kind, vis, spec.scale, spec.kernel, bias)
             dq.narrow(2, qo, n).add_(g_q)
             part[0].narrow(2, ko, m).add_(g_k)
             part[1].narrow(2, ko, m).add_(g_v)
@@ -542,7 +557,8 @@ class _RingAttention(torch.autograd.Function):
 # ----------------------------------------------------------------------------- entry
 def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, scale: float | None = None,
                    doc_ids: torch.Tensor | None = None, window: int | None = None,
-                   key_padding: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   key_padding: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                   key_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention of this rank's queries over the whole ring's keys (see the module doc).
 
     ``query`` is ``[B, Hq, L, D]``, ``key``/``value`` ``[B, Hkv, L, D]`` with ``Hq % Hkv ==
@@ -557,15 +573,32 @@ def ring_attention(query, key, value, *, pieces, group: str, is_causal: bool, sc
     query that sees no key gets zeros (SDPA's answer under a boolean mask). ``scale``
     defaults to ``1 / sqrt(D)``. ``sinks`` (``[Hq]``, gpt-oss's learned sink logits) adds
     ``exp(sinks[h])`` to every row's softmax denominator of head h, once, after the ring's
-    blocks are merged; it is differentiable too.
+    blocks are merged; it is differentiable too. ``key_bias`` (``[B|1, Hq|1, 1, S]``, the
+    whole sequence, replicated: ALiBi) is added to every score of key ``j``; each pair adds
+    its keys' slice (not differentiable: a bias that requires grad is refused).
 
     Returns ``[B, Hq, L, D]`` in ``query``'s dtype: rows of
     ``F.scaled_dot_product_attention(q_full, k_full, v_full, attn_mask=mask)`` at this
     rank's positions; differentiable in query, key and value (ring backward).
     Every rank of the group must call it with the same ``pieces``.
     """
-    spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding)
+    spec = _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding, key_bias)
     return _RingAttention.apply(query, key, value, spec, _check_sinks(sinks, query))
+
+
+def _check_key_bias(bias, b: int, hq: int, seq_len: int, device):
+    """``bias`` checked to be the whole ``[B|1, Hq|1, 1, S]`` key bias without a gradient, or None."""
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 4 or bias.shape[0] not in (1, b) \
+            or bias.shape[1] not in (1, hq) or bias.shape[2] != 1 or bias.shape[3] != seq_len:
+        shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"ring_attention: key_bias must be the whole [B|1, H|1, 1, S] bias (B = {b}, H = {hq}, "
+                         f"S = {seq_len}), got {shape}")
+    if bias.requires_grad:
+        raise ValueError("ring_attention: a key bias that requires grad (a learned one) is not differentiated "
+                         "by the ring; use Ulysses (strategy='ulysses')")
+    return bias if bias.device == device else bias.to(device)
 
 
 def _check_sinks(sinks, query):
@@ -616,7 +649,8 @@ def _full_rows(name: str, t, b: int, seq_len: int, device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding=None) -> _Spec:
+def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, window, key_padding=None,
+               key_bias=None) -> _Spec:
     """Validate :func:`ring_attention`'s arguments (``ValueError`` naming the bad one) and
     plan the ring: this rank's place in it and every rank's pieces."""
     ranks, rank = collectives.group_size(group), collectives.group_rank(group)
@@ -660,7 +694,8 @@ def _make_spec(query, key, value, pieces, group, is_causal, scale, doc_ids, wind
     return _Spec(layouts=[_layout(rs) for rs in norm], lengths=lengths, group=group, ranks=ranks, rank=rank,
                  causal=bool(is_causal), window=window, docs=doc_ids, keep=key_padding,
                  scale=float(scale) if scale is not None else 1.0 / math.sqrt(d),
-                 simulated=collectives.simulating(), kernel=_use_kernel(query))
+                 simulated=collectives.simulating(), kernel=_use_kernel(query),
+                 bias=_check_key_bias(key_bias, b, hq, seq_len, query.device))
 
 
 # ----------------------------------------------------------------------------- torch.compile
@@ -676,19 +711,21 @@ def layout_pieces(group: str, seq_len: int) -> list[list[tuple[int, int]]]:
     return [lay.ring_pieces(seq_len, i) for i in range(lay.ring)]
 
 
-def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding) -> _Spec:
+def _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding, key_bias=None) -> _Spec:
     return _make_spec(q, k, v, layout_pieces(group, int(seq_len)), group, is_causal, scale or None, doc_ids,
-                      window or None, key_padding)
+                      window or None, key_padding, key_bias)
 
 
 @torch.library.custom_op("autosp::ring_attention", mutates_args=())
 def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None,
                       key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool, scale: float,
-                      window: int, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      window: int, sinks: torch.Tensor | None = None,
+                      key_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ring's forward as one op: ``(out, lse)`` for this rank's rows, the pieces of
     every ring rank taken from ``group``'s layout at ``seq_len`` (``scale`` 0.0 and
-    ``window`` 0 mean none); ``sinks`` (``[H]``) enter once, after every block is merged."""
-    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
+    ``window`` 0 mean none); ``sinks`` (``[H]``) enter once, after every block is merged;
+    ``key_bias`` as :func:`ring_attention`'s."""
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding, key_bias)
     out, lse = _ring_forward(q, k, v, spec)
     if sinks is not None:
         out, lse = _add_sinks(out, lse, _check_sinks(sinks, q))
@@ -696,7 +733,7 @@ def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids
 
 
 @ring_attention_op.register_fake
-def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None):
+def _(q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None, key_bias=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
 
 
@@ -705,9 +742,10 @@ def ring_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                out: torch.Tensor, lse: torch.Tensor, doc_ids: torch.Tensor | None,
                                key_padding: torch.Tensor | None, seq_len: int, group: str, is_causal: bool,
                                scale: float, window: int, sinks: torch.Tensor | None = None,
+                               key_bias: torch.Tensor | None = None,
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ring's backward as one op: ``(dq, dk, dv, dsinks)`` (``dsinks`` empty without sinks)."""
-    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding)
+    spec = _layout_spec(q, k, v, seq_len, group, is_causal, scale, doc_ids, window, key_padding, key_bias)
     dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, spec)
     dsinks = q.new_empty(0) if sinks is None else _sink_grad(dout, out, lse, sinks)
     # Laid out as the inputs, as the fake says (fresh tensors: dk and dv are views of one buffer).
@@ -715,23 +753,24 @@ def ring_attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
 
 @ring_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None):
+def _(dout, q, k, v, out, lse, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks=None,
+      key_bias=None):
     # (laid out as the inputs, as the real ones)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty(0) if sinks is None else torch.empty_like(sinks))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids, key_padding, sinks)
+    q, k, v, doc_ids, key_padding, seq_len, group, is_causal, scale, window, sinks, key_bias = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], doc_ids, key_padding, sinks, key_bias)
     ctx.args = (seq_len, group, is_causal, scale, window)
 
 
 def _op_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, doc_ids, key_padding, sinks = ctx.saved_tensors
+    q, k, v, out, lse, doc_ids, key_padding, sinks, key_bias = ctx.saved_tensors
     dq, dk, dv, dsinks = ring_attention_backward_op(dout.contiguous(), q, k, v, out, lse, doc_ids, key_padding,
-                                                    *ctx.args, sinks)
-    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None)
+                                                    *ctx.args, sinks, key_bias)
+    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None), None
 
 
 ring_attention_op.register_autograd(_op_backward, setup_context=_setup_context)

@@ -262,6 +262,16 @@ def test_alibi_at_7b_shapes_runs_the_efficient_kernel_with_a_broadcast_bias(fami
     assert step.kernels() == {"efficient": 2, "efficient backward": 2}, step.kernels()
 
 
+def test_alibi_on_a_ring_at_7b_shapes_adds_each_blocks_bias_slice():
+    """MPT-7B's shapes on a ring of 8 (S = 32K): each pair of blocks runs the memory-efficient
+    kernel with its keys' slice of the [1, 32, 1, S] bias expanded over its queries (the
+    causal diagonal pairs too): no [S, S] tensor, and no pair-sized one either."""
+    step = cuda_step(_alibi_7b("mpt"), 32768, sp_size=8, call="plain", mesh={"strategy": "ring"}, ranks=[7])[0]
+    step.check()
+    kinds = step.kernels()
+    assert set(kinds) == {"efficient", "efficient backward"} and kinds["efficient"] > 2, kinds
+
+
 def test_negative_control_alibi_not_fused_keeps_the_scores(monkeypatch):
     """Without the key-bias proof (every bias taken as one that varies with the query) the
     scores stay written out: [S, S] per head."""

@@ -82,8 +82,8 @@ def _run_case(strategy, seq, pad, seed, control=None, full=True, backend=None):
         if control:
             return result
         ir = compiled.programs[0].mlir["transformed"]
-        result["sink_ops"] = ir.count('"torch.autosp.sink_attention"') + ir.count("1, 1, 1, 1, 0, 1>") \
-            + ir.count("1, 1, 1, 1, 1, 1>")
+        result["sink_ops"] = ir.count('"torch.autosp.sink_attention"') + ir.count("1, 1, 1, 1, 0, 1, 0>") \
+            + ir.count("1, 1, 1, 1, 1, 1, 0>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
         if not full:  # (one call: parity of outputs and gradients)
             return result

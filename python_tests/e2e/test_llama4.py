@@ -101,7 +101,7 @@ def _run_case(strategy, seq, seed, control=None, full=True):
             return result
         ir = compiled.programs[0].mlir["transformed"]
         # chunked layers: SDPA within documents (Ulysses), or a ring op with the ids as its mask
-        result["chunked"] = ir.count("autosp.documents}") + ir.count("1, 1, 1, 1, 1, 0>")
+        result["chunked"] = ir.count("autosp.documents}") + ir.count("1, 1, 1, 1, 1, 0, 0>")
         result["kept"] = ir.count("autosp.mask_kept") + ir.count("autosp.unfused_attention")
         if not full:  # (one call: parity of outputs and gradients)
             return result
