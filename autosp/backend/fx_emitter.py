@@ -69,6 +69,9 @@ _RENAMED = {
     "torch.aten.view": torch.ops.aten.reshape.default,  # views of non-contiguous results fail in eager
     "torch.aten.size.int": torch.ops.aten.sym_size.int,
 }
+# A max/min of sizes (the importer's reading of torch.sym_max/sym_min): back to those, which
+# torch.compile traces (torch.ops.prim.max.int is an op Dynamo breaks the graph on).
+_SYM_OPS = {"torch.prim.max.int": torch.sym_max, "torch.prim.min.int": torch.sym_min}
 
 MLIR_TO_TORCH_DTYPE = {
     "f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -301,6 +304,9 @@ class _Emitter:
                       "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
                       "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
             self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
+            return
+        if name in _SYM_OPS:
+            self._bind_results(op, self.graph.call_function(_SYM_OPS[name], tuple(operands)))
             return
         if name == KEY_BIAS_ATTENTION:  # SDPA's operands and the key bias; its proven mask in attributes
             attrs = op.attributes

@@ -240,7 +240,8 @@ def _mesh_model(family, heads):
 
 # (family, heads, options) per world: a ring at P = 2, a hybrid mesh and fewer heads than
 # ranks at P = 4 (Ulysses alone cannot split 2 heads over 4 ranks: auto picks the ring).
-_MESHES = {2: [("mpt", 4, {"sp_strategy": "ring"}), ("bloom", 4, {"sp_strategy": "ring"})],
+_MESHES = {2: [("mpt", 4, {"sp_strategy": "ring"}), ("bloom", 4, {"sp_strategy": "ring"}),
+               ("mpt", 4, {"sp_strategy": "ring", "backend": "aot_eager"})],  # (the ring's custom ops)
            4: [("mpt", 4, {"sp_strategy": "hybrid", "ulysses_degree": 2}), ("mpt", 2, {}),
                ("bloom", 2, {"sp_strategy": "ring"})]}
 
@@ -277,7 +278,7 @@ def _mesh_body(rank, world, queue, seed, control=False):
                     r["steps"] = adamw_steps(reference, model, compiled,
                                              lambda m, x: m(input_ids=x, labels=x).loss,
                                              [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
-            out[f"{family}-H{heads}-{options.get('sp_strategy', 'auto')}"] = r
+            out[f"{family}-H{heads}-{options.get('sp_strategy', 'auto')}-{options.get('backend', 'eager')}"] = r
     finally:
         ring._pair_mask = original
     queue.put((rank, out))
