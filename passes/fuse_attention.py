@@ -312,7 +312,7 @@ def _peel_scores(scores: ir.Value):
             s, t = sides[0]
             if _dtype(t) != _dtype(x) or not _dtype(t).startswith(("f", "bf")):
                 raise _NoMatch("a mask of another dtype than the scores")
-            kind = _term_kind(t, len(_sizes(x)))
+            kind = _term_kind(t, len(_sizes(x)), mask is None and fill is None and folded is None)
             if _dtype(s) != _dtype(x) and (_dtype(x), _dtype(s)) not in _WIDER:
                 raise _NoMatch("a term that promotes the scores to another dtype")
             promoting_mask = promoting_mask or (kind == "mask" and _dtype(s) != _dtype(x))
@@ -360,20 +360,25 @@ def _peel_scores(scores: ir.Value):
     return x, fill, fill_finite, mask, bias, scale
 
 
-def _term_kind(t: ir.Value, rank: int) -> str:
+def _term_kind(t: ir.Value, rank: int, mask_free: bool) -> str:
     """``"mask"`` or ``"bias"`` for a term added to scores of ``rank`` (4: ``[B, H, S, S]``;
-    3: the heads folded into the batch): a key bias has size 1 on the query dim (proven by
+    3: the heads folded into the batch). A key bias has size 1 on the query dim (proven by
     :func:`autosp.ir.sizes.static_size`: through slices whose start is pinned by the size
-    symbols' ranges, e.g. MPT's ``alibi[:, max(1 - S, 0):]``); a mask has one head."""
+    symbols' ranges, e.g. MPT's ``alibi[:, max(1 - S, 0):]``), or no query dim at all (a
+    ``[S]`` term). A term with one head is the mask (what autosp-causal-mask proves: a
+    ``[B, 1, 1, S]`` padding mask stays one), unless ``mask_free`` is False (a mask or a
+    fill is already there) and it is the same for every query: then it is a head-shared
+    key bias. A per-head term that varies with the query is no match."""
     sizes = _sizes(t)
     if len(sizes) > rank:
         raise _NoMatch(f"a term of rank {len(sizes)} added to rank-{rank} scores")
-    query_dim = len(sizes) - 2
-    if query_dim >= 0 and static_size(t, query_dim) == 1:
-        return "bias"
-    heads = len(sizes) - 3
-    if rank == 4 and (heads < 0 or static_size(t, heads) == 1):
+    query_dim, heads = len(sizes) - 2, len(sizes) - 3
+    key_only = query_dim < 0 or static_size(t, query_dim) == 1
+    one_head = rank == 4 and (heads < 0 or static_size(t, heads) == 1)
+    if one_head and (mask_free or not key_only):
         return "mask"
+    if key_only:
+        return "bias"
     raise _NoMatch("a per-head additive mask that varies with the query")
 
 

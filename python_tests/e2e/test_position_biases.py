@@ -297,3 +297,86 @@ def test_alibi_on_ring_and_hybrid_meshes_matches_single_device(world, _fresh_see
         control = run_ranks(_mesh_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
         assert min(max(r["outputs"], r["grads"]) for by_case in control.values() for r in by_case.values()) > 1e-3, \
             control
+
+
+class _SharedKeyBiasLM(torch.nn.Module):
+    """A hand-written causal LM (nobody's family): 2 heads, attention written out with one
+    head-shared bias of the key position (``slope * j`` as a ``[S]`` vector: ALiBi with one
+    slope for every head) added to the scores, then the causal masked_fill."""
+
+    def __init__(self, hidden=16, heads=2, layers=2, slope=0.25):
+        super().__init__()
+        self.heads, self.slope = heads, slope
+        self.embed = torch.nn.Embedding(VOCAB, hidden)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(hidden, 3 * hidden) for _ in range(layers))
+        self.outs = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
+        self.head = torch.nn.Linear(hidden, VOCAB)
+
+    def forward(self, input_ids, labels):
+        x = self.embed(input_ids)
+        b, s, d = x.shape
+        bias = self.slope * torch.arange(s, dtype=x.dtype)  # [S]: every head, every query
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        for qkv, out in zip(self.blocks, self.outs):
+            q, k, v = qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5 + bias
+            weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+            x = x + out((weights @ v).transpose(1, 2).reshape(b, s, d))
+        logits = self.head(x)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
+        return {"loss": loss, "logits": logits}
+
+
+def _shared_body(rank, world, queue, seed, control=False):
+    """The head-shared key bias model with 2 heads at P = 4 (fewer heads than ranks: auto
+    takes the ring), S = 19 and 20: parity and 3 AdamW steps. ``control``: the ring's pairs
+    without the bias."""
+    import autosp
+    from autosp.planning.memory import SavedTensors
+    from autosp.runtime import ring
+    from autosp.testing.parity import adamw_steps, parity
+    original = ring._pair_mask
+    if control:
+        ring._pair_mask = lambda vis, bias, dtype: original(vis, None, dtype)
+    out = {}
+    try:
+        torch.manual_seed(seed)
+        model = _SharedKeyBiasLM()
+        reference = copy.deepcopy(model)
+        compiled = autosp.compile(model, gather_outputs=True)
+        gen = torch.Generator().manual_seed(seed)
+        for seq in (19,) if control else (19, 20):
+            ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+            report = parity(reference, compiled, input_ids=ids, labels=ids)
+            r = {"outputs": report.max_output_error, "grads": report.max_grad_error}
+            if not control:
+                r["steps"] = adamw_steps(reference, model, compiled, lambda m, x: m(input_ids=x, labels=x)["loss"],
+                                         [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
+            out[seq] = r
+        ir = compiled.programs[0].mlir["transformed"]
+        out["ring_with_bias"] = ir.count("array<i32: 1, 1, 1, 1, 0, 0, 1>")
+        if not control:
+            saved = {}
+            for s in (64, 128):
+                x = torch.randint(0, VOCAB, (2, s), generator=gen)
+                with SavedTensors(list(model.parameters())) as kept:
+                    loss = compiled(input_ids=x, labels=x)["loss"]
+                saved[s] = kept.bytes
+                del loss
+            out["saved"] = saved
+    finally:
+        ring._pair_mask = original
+    queue.put((rank, out))
+
+
+def test_head_shared_key_bias_with_two_heads_at_four_ranks(_fresh_seed):
+    results = run_ranks(_shared_body, 4, args=(_fresh_seed % 10000,), timeout=600)
+    for rank, r in results.items():
+        where = f"rank {rank}: {r}"
+        assert r["ring_with_bias"] == 2, where
+        for seq in (19, 20):
+            assert r[seq]["outputs"] <= TOL and r[seq]["grads"] <= TOL, where
+            assert all(g <= TOL and q <= TOL for g, q in r[seq]["steps"]), where
+        assert r["saved"][128] / r["saved"][64] <= 2.3, where
+    control = run_ranks(_shared_body, 4, args=(_fresh_seed % 10000, True), timeout=600)
+    assert min(max(r[19]["outputs"], r[19]["grads"]) for r in control.values()) > 1e-3, control
