@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -298,22 +299,21 @@ class _Emitter:
             node = self.graph.call_function(_SCALAR_OPS[parts[2]], tuple(operands))
             self._bind_results(op, node)
             return
-        if name == SINK_ATTENTION:  # SDPA's operands and the sinks; its proven mask in attributes
-            attrs = op.attributes
+        if name in (SINK_ATTENTION, KEY_BIAS_ATTENTION):  # SDPA's operands and one more; its proven mask
+            attrs = op.attributes                              # in attributes
             kwargs = {"documents": DOCUMENTS_ATTR in attrs, "key_padding": KEY_PADDING_ATTR in attrs,
-                      "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
-                      "heads_group": _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None}
-            self._bind_results(op, self.graph.call_function(attention.sink_attention, tuple(operands), kwargs))
+                      "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None}
+            runtime: Callable
+            if name == SINK_ATTENTION:
+                runtime = attention.sink_attention
+                kwargs["heads_group"] = _attr_value(attrs[SINK_HEADS_ATTR]) if SINK_HEADS_ATTR in attrs else None
+            else:
+                runtime = attention.key_bias_attention
+                kwargs["empty_rows"] = _attr_value(attrs[EMPTY_ROWS_ATTR]) if EMPTY_ROWS_ATTR in attrs else None
+            self._bind_results(op, self.graph.call_function(runtime, tuple(operands), kwargs))
             return
         if name in _SYM_OPS:
             self._bind_results(op, self.graph.call_function(_SYM_OPS[name], tuple(operands)))
-            return
-        if name == KEY_BIAS_ATTENTION:  # SDPA's operands and the key bias; its proven mask in attributes
-            attrs = op.attributes
-            kwargs = {"documents": DOCUMENTS_ATTR in attrs, "key_padding": KEY_PADDING_ATTR in attrs,
-                      "window": _attr_value(attrs[WINDOW_ATTR]) if WINDOW_ATTR in attrs else None,
-                      "empty_rows": _attr_value(attrs[EMPTY_ROWS_ATTR]) if EMPTY_ROWS_ATTR in attrs else None}
-            self._bind_results(op, self.graph.call_function(attention.key_bias_attention, tuple(operands), kwargs))
             return
         record = stated(name)
         if record is not None and record.layout == RECURRENCE:  # a chain or a prefix over the group when sharded
