@@ -400,3 +400,27 @@ func.func @per_head_query_bias_kept(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1
   %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
   return %o : !torch.vtensor<[2,4,16,8],f32>
 }
+
+// -----
+
+// A head-shared key bias ([1, 1, 1, S]) added outside the [B, 1, S, S] mask: met first, it
+// looks like the mask; when the real mask comes it becomes the key bias (both fuse).
+// CHECK-LABEL: func.func @shared_key_bias_outside_the_mask
+// DCE-LABEL: func.func @shared_key_bias_outside_the_mask
+// CHECK: torch.operator "torch.autosp.key_bias_attention"(%arg0, %arg1, %arg2, %arg3, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}, %arg4)
+func.func @shared_key_bias_outside_the_mask(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>, %arg3: !torch.vtensor<[2,1,16,16],f32>, %arg4: !torch.vtensor<[1,1,1,16],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int3 = torch.constant.int 3
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 2.500000e-01
+  %kt = torch.aten.transpose.int %arg1, %int2, %int3 : !torch.vtensor<[2,4,16,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[2,4,8,16],f32>
+  %s = torch.aten.matmul %arg0, %kt : !torch.vtensor<[2,4,16,8],f32>, !torch.vtensor<[2,4,8,16],f32> -> !torch.vtensor<[2,4,16,16],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[2,4,16,16],f32>, !torch.float -> !torch.vtensor<[2,4,16,16],f32>
+  %sm = torch.aten.add.Tensor %ss, %arg3, %int1 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.int -> !torch.vtensor<[2,4,16,16],f32>
+  %sb = torch.aten.add.Tensor %sm, %arg4, %int1 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[1,1,1,16],f32>, !torch.int -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %sb, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}

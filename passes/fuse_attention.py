@@ -313,15 +313,18 @@ def _peel_scores(scores: ir.Value):
             if _dtype(t) != _dtype(x) or not _dtype(t).startswith(("f", "bf")):
                 raise _NoMatch("a mask of another dtype than the scores")
             kind = _term_kind(t, len(_sizes(x)), mask is None and fill is None and folded is None)
-            if _dtype(s) != _dtype(x) and (_dtype(x), _dtype(s)) not in _WIDER:
+            promotes = _dtype(s) != _dtype(x)
+            if promotes and (_dtype(x), _dtype(s)) not in _WIDER:
                 raise _NoMatch("a term that promotes the scores to another dtype")
-            promoting_mask = promoting_mask or (kind == "mask" and _dtype(s) != _dtype(x))
+            if kind == "mask" and mask is not None and bias is None and fill is None and _key_only(mask):
+                # a one-head key-only term outside the mask (scores + mask + bias): the bias after all
+                bias, mask, promoting_mask = KeyBias(mask), None, False
             if kind == "mask" and (mask is not None or fill is not None or folded is not None):
                 raise _NoMatch("two masks added to the scores")
             if kind == "bias" and bias is not None:
                 raise _NoMatch("two key biases added to the scores")
             if kind == "mask":
-                mask = t
+                mask, promoting_mask = t, promotes
             else:
                 bias = KeyBias(t, (int(four[0].const), int(four[1].const)) if folded is not None else None)
                 if folded is not None and not (four[0].is_const() and four[1].is_const()):
@@ -360,6 +363,13 @@ def _peel_scores(scores: ir.Value):
     return x, fill, fill_finite, mask, bias, scale
 
 
+def _key_only(t: ir.Value) -> bool:
+    """Is ``t`` the same for every query when added to scores: no query dim (``[S]``), or
+    size 1 there (:func:`autosp.ir.sizes.static_size`)?"""
+    query_dim = len(_sizes(t)) - 2
+    return query_dim < 0 or static_size(t, query_dim) == 1
+
+
 def _term_kind(t: ir.Value, rank: int, mask_free: bool) -> str:
     """``"mask"`` or ``"bias"`` for a term added to scores of ``rank`` (4: ``[B, H, S, S]``;
     3: the heads folded into the batch). A key bias has size 1 on the query dim (proven by
@@ -368,12 +378,13 @@ def _term_kind(t: ir.Value, rank: int, mask_free: bool) -> str:
     ``[S]`` term). A term with one head is the mask (what autosp-causal-mask proves: a
     ``[B, 1, 1, S]`` padding mask stays one), unless ``mask_free`` is False (a mask or a
     fill is already there) and it is the same for every query: then it is a head-shared
-    key bias. A per-head term that varies with the query is no match."""
+    key bias (and :func:`_peel_scores` turns a key-only mask it met first into the bias when
+    a second mask comes). A per-head term that varies with the query is no match."""
     sizes = _sizes(t)
     if len(sizes) > rank:
         raise _NoMatch(f"a term of rank {len(sizes)} added to rank-{rank} scores")
-    query_dim, heads = len(sizes) - 2, len(sizes) - 3
-    key_only = query_dim < 0 or static_size(t, query_dim) == 1
+    heads = len(sizes) - 3
+    key_only = _key_only(t)
     one_head = rank == 4 and (heads < 0 or static_size(t, heads) == 1)
     if one_head and (mask_free or not key_only):
         return "mask"
