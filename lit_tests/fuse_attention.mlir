@@ -424,3 +424,43 @@ func.func @shared_key_bias_outside_the_mask(%arg0: !torch.vtensor<[2,4,16,8],f32
   %o = torch.aten.matmul %p, %arg2 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,4,16,8],f32> -> !torch.vtensor<[2,4,16,8],f32>
   return %o : !torch.vtensor<[2,4,16,8],f32>
 }
+
+// -----
+
+// A head-shared [S] bias added to folded scores: unsqueezed to [1, 1, 1, S] (not unflattened
+// as if it held the B * H rows).
+// CHECK-LABEL: func.func @folded_heads_shared_key_bias
+// DCE-LABEL: func.func @folded_heads_shared_key_bias
+// CHECK-NOT: unflatten
+// CHECK: %[[B:.*]] = torch.aten.unsqueeze %{{.*}} -> !torch.vtensor<[1,1,1,16],f32>
+// CHECK: torch.operator "torch.autosp.key_bias_attention"(%arg0, %arg1, %arg2, %arg4, %{{[^,]*}}, %false{{[_0-9]*}}, %float2.500000e-01{{[_0-9]*}}, %false{{[_0-9]*}}, %[[B]])
+func.func @folded_heads_shared_key_bias(%arg0: !torch.vtensor<[2,4,16,8],f32>, %arg1: !torch.vtensor<[2,4,16,8],f32>, %arg2: !torch.vtensor<[2,4,16,8],f32>, %arg3: !torch.vtensor<[16],f32>, %arg4: !torch.vtensor<[2,1,16,16],f32>) -> !torch.vtensor<[2,4,16,8],f32> {
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %int8 = torch.constant.int 8
+  %int16 = torch.constant.int 16
+  %int-1 = torch.constant.int -1
+  %float = torch.constant.float 2.500000e-01
+  %l3 = torch.prim.ListConstruct %int8, %int16, %int8 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %q3 = torch.aten.view %arg0, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %k3 = torch.aten.view %arg1, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %v3 = torch.aten.view %arg2, %l3 : !torch.vtensor<[2,4,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,16,8],f32>
+  %perm = torch.prim.ListConstruct %int0, %int2, %int1 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %kt = torch.aten.permute %k3, %perm : !torch.vtensor<[8,16,8],f32>, !torch.list<int> -> !torch.vtensor<[8,8,16],f32>
+  %s = torch.aten.bmm %q3, %kt : !torch.vtensor<[8,16,8],f32>, !torch.vtensor<[8,8,16],f32> -> !torch.vtensor<[8,16,16],f32>
+  %ss = torch.aten.mul.Scalar %s, %float : !torch.vtensor<[8,16,16],f32>, !torch.float -> !torch.vtensor<[8,16,16],f32>
+  %sb = torch.aten.add.Tensor %arg3, %ss, %int1 : !torch.vtensor<[16],f32>, !torch.vtensor<[8,16,16],f32>, !torch.int -> !torch.vtensor<[8,16,16],f32>
+  %l4 = torch.prim.ListConstruct %int2, %int4, %int16, %int-1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %s4 = torch.aten.view %sb, %l4 : !torch.vtensor<[8,16,16],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,16],f32>
+  %sm = torch.aten.add.Tensor %s4, %arg4, %int1 : !torch.vtensor<[2,4,16,16],f32>, !torch.vtensor<[2,1,16,16],f32>, !torch.int -> !torch.vtensor<[2,4,16,16],f32>
+  %p = torch.aten.softmax.int %sm, %int-1, %none : !torch.vtensor<[2,4,16,16],f32>, !torch.int, !torch.none -> !torch.vtensor<[2,4,16,16],f32>
+  %lp = torch.prim.ListConstruct %int8, %int16, %int-1 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %p3 = torch.aten.view %p, %lp : !torch.vtensor<[2,4,16,16],f32>, !torch.list<int> -> !torch.vtensor<[8,16,16],f32>
+  %o3 = torch.aten.bmm %p3, %v3 : !torch.vtensor<[8,16,16],f32>, !torch.vtensor<[8,16,8],f32> -> !torch.vtensor<[8,16,8],f32>
+  %lo = torch.prim.ListConstruct %int2, %int4, %int16, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %o = torch.aten.view %o3, %lo : !torch.vtensor<[8,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,16,8],f32>
+  return %o : !torch.vtensor<[2,4,16,8],f32>
+}

@@ -517,7 +517,7 @@ def _bias_as_rank4(bias: KeyBias) -> ir.Value:
     ``[B * H, 1, S]`` unflattened to ``[B, H, 1, S]``, a lower rank unsqueezed in front."""
     dims, dtype = b.vtensor_shape(bias.value.type)  # type: ignore[misc]
     x = bias.value
-    if bias.folded is not None and dims[0] != 1:
+    if bias.folded is not None and len(dims) == 3 and dims[0] != 1:  # (its rows are the B * H ones)
         batch, heads = bias.folded
         sizes = ir.Operation.create("torch.prim.ListConstruct", results=[ir.Type.parse("!torch.list<int>")],
                                     operands=[b.constant_int(batch), b.constant_int(heads)]).result
