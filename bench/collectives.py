@@ -4,6 +4,7 @@
     python bench/collectives.py --fsdp [--world 2]     # FSDP2-sharded model state
     python bench/collectives.py --strategies [--world 4]   # Ulysses, hybrid and ring meshes
     python bench/collectives.py --recurrences [--world 2]  # conv halo and state bytes (Mamba2, GDN)
+    python bench/collectives.py --mla [--world 8] [--seq 16384]  # DeepSeek-V3's attention: latents gathered
 
 Every collective a rank issues during one training step (forward, backward and the
 gradient all-reduce) is seen by a dispatch mode: PyTorch's c10d and functional
@@ -46,6 +47,18 @@ previous unless first; the prefix hands its summary (that state plus the transit
 B x H x d_k x d_k or B x H x d_state x d_state) to one all-gather forward and its incoming
 state's gradient (one state) to one all-gather backward. Measured by
 :class:`autosp.runtime.collectives.observe`, against those formulas from the config.
+
+With ``--mla`` (issue 42) DeepSeek-V3's attention shape (bench/configs/deepseek-v3-attention.json:
+128 heads, q/k 128 + 64 rope, v 128, q latent 1536, kv latent 512) runs one training step
+of one simulated rank on the fake-CUDA path (meta weights, :func:`autosp.planning.fake_cuda.cuda_step`:
+no GPU, no memory), once as ``autosp.compile`` partitions it (q, k and v computed on each
+rank's heads from gathered latents, :mod:`autosp.passes.head_cut`) and once with that cut
+turned off (the per-head all-to-alls of q, k and v). The forward's collectives come in
+program order: q's carrier, then k's and v's (the per-head tensors, or the kv latent and
+the shared rope key), then the output's; bytes sent are the send buffer's (P - 1) / P.
+Analytical, per layer and rank forward (backward mirrors it): an all-to-all of ``H x D``
+values per token sends ``(P - 1) / P x S / P x H x D x e``; a latent of ``C`` values
+gathered (P copies all-to-all'd) sends ``(P - 1) x S / P x C x e``.
 """
 from __future__ import annotations
 
@@ -359,6 +372,72 @@ def recurrence_table(world: int, seq: int) -> list[str]:
     return rows
 
 
+MLA_CONFIG = Path(__file__).parent / "configs" / "deepseek-v3-attention.json"
+
+
+def _mla_sent(config, world: int, seq: int, cut: bool) -> tuple[dict, dict]:
+    """``(forward, backward)`` bytes one rank sends per layer, by carrier (q, kv, o)."""
+    from autosp.passes import partition_attention
+
+    from autosp.planning.fake_cuda import cuda_step
+    original = partition_attention.cheaper_cut
+    if not cut:  # the per-head all-to-alls: no operand computed from a gathered source
+        partition_attention.cheaper_cut = lambda *args, **kwargs: ({}, "")
+    try:
+        step = cuda_step(config, seq, sp_size=world, ranks=[0])[0]
+    finally:
+        partition_attention.cheaper_cut = original
+    step.check()
+    share = (world - 1) / world
+    out = []
+    for backward in (False, True):
+        sent = [w.bytes * share for w in step.wire if w.kind == "all_to_all" and w.backward == backward]
+        if backward:
+            sent = sent[::-1]
+        out.append({"q": sent[0], "kv": sum(sent[1:-1]), "o": sent[-1]})
+    return out[0], out[1]
+
+
+def _mla_analytical(cfg, world: int, seq: int, cut: bool, elem: int = 2) -> dict:
+    heads, qk = cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    per_rank = seq / world
+    a2a = (world - 1) / world * per_rank * heads * elem
+    gather = (world - 1) * per_rank * elem
+    if not cut:
+        return {"q": a2a * qk, "kv": a2a * (qk + cfg.v_head_dim), "o": a2a * cfg.v_head_dim}
+    return {"q": gather * cfg.q_lora_rank, "kv": gather * (cfg.kv_lora_rank + cfg.qk_rope_head_dim),
+            "o": a2a * cfg.v_head_dim}
+
+
+def mla_table(world: int, seq: int) -> list[str]:
+    """Rows: DeepSeek-V3's attention, per-head all-to-alls against autosp's gathered
+    latents: bytes a rank sends per layer by carrier, measured against analytical."""
+    import transformers
+    cfg = transformers.AutoConfig.from_pretrained(MLA_CONFIG)
+    rows = ["| partition | q MiB fwd + bwd (analytical fwd) | k, v MiB fwd + bwd (analytical fwd) | "
+            "output MiB fwd + bwd | layer MiB fwd + bwd | k, v fewer bytes | layer fewer bytes |",
+            "|---|---|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    results = {}
+    for cut in (False, True):
+        fwd, bwd = _mla_sent(cfg, world, seq, cut)
+        model = _mla_analytical(cfg, world, seq, cut)
+        for k in fwd:
+            assert abs(fwd[k] - model[k]) <= 1e-6 * model[k], (cut, k, fwd[k], model[k])
+        results[cut] = (fwd, bwd)
+        mib = 2.0 ** 20
+        cells = [f"{fwd[k] / mib:.1f} + {bwd[k] / mib:.1f} ({model[k] / mib:.1f})" for k in ("q", "kv")]
+        total = sum(fwd.values()) + sum(bwd.values())
+        base_fwd, base_bwd = results[False]
+        gain_kv = (base_fwd["kv"] + base_bwd["kv"]) / (fwd["kv"] + bwd["kv"])
+        gain = (sum(base_fwd.values()) + sum(base_bwd.values())) / total
+        label = "autosp: latents gathered (head_cut)" if cut else "per-head all-to-alls (cut off)"
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {fwd['o'] / mib:.1f} + {bwd['o'] / mib:.1f} | "
+                    f"{total / mib:.1f} | {gain_kv:.2f}x | {gain:.2f}x |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def analytical_bytes_per_layer(cfg: dict, seq: int, world: int, elem: int = 4) -> float:
     """Ulysses minimum, bytes a rank sends per attention layer (forward + backward)."""
     head_dim = cfg["hidden"] // cfg["heads"]
@@ -375,9 +454,13 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="count FSDP2's parameter collectives instead")
     parser.add_argument("--strategies", action="store_true", help="Ulysses, hybrid and ring meshes (P=--world)")
     parser.add_argument("--recurrences", action="store_true", help="conv halo and state bytes (Mamba2, GDN)")
+    parser.add_argument("--mla", action="store_true", help="DeepSeek-V3's attention: latents gathered vs all-to-alls")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    special = [(args.recurrences, recurrence_table, "Conv halo and recurrent state bytes per layer",
+    special = [(args.mla, mla_table, "MLA: bytes per attention layer, gathered latents against per-head all-to-alls",
+                f"DeepSeek-V3's attention shape, bf16, P={args.world}, batch 1, one simulated rank on the fake-CUDA "
+                "path (no GPU)"),
+               (args.recurrences, recurrence_table, "Conv halo and recurrent state bytes per layer",
                 f"P={args.world}, batch 1"),
                (args.strategies, strategy_table, "Collectives and bytes per mesh", f"P={args.world}, batch 1"),
                (args.fsdp, fsdp_table, "FSDP2 parameter collectives per step", "FSDP = SP over P ranks")]

@@ -28,6 +28,14 @@ key padding (causal or not: the [B, 1, 1, S] padding becomes the op's ``mask`` o
 masked rows follow eager attention's ``autosp.empty_rows`` rule, and hand-written attention
 keep ``auto`` on Ulysses and make a forced ring an error at the op.
 
+**The cheapest tensor across ranks** (a Ulysses mesh): where q, k or v is computed token by
+token from smaller values without heads (MLA's latents), :class:`autosp.passes.head_cut.HeadSlicer`
+proves each rank's heads of it computable from those values whole, and
+:func:`autosp.cost.strategy.choose_cut` prices gathering them against the all-to-alls; the
+cheaper wins, and its reason joins ``autosp.sp_choice``. The gathered values are
+all-to-all'd as P copies (``split_dim = 0``), each rank computes its heads from them (a
+parameter's rows through ``autosp.local_heads``), and the operand never crosses the ranks.
+
 **Linear recurrences** (stated ops, :mod:`autosp.runtime.recurrences`; ``recurrence=
 auto|heads|chain|prefix``), on a mesh without a ring: each is priced by
 :func:`autosp.cost.recurrence.choose_recurrence` (``auto``) or forced. ``heads``
@@ -41,10 +49,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from autosp.passes.fuse_gqa import repeated_heads
+from autosp.passes.head_cut import Axis, HeadSlicer, bytes_per_token
 from torch_mlir import ir
 
 from autosp.cost.recurrence import GATED_DELTA_NET, LIGHTNING, MAMBA1, MAMBA2, RecurrenceShape, choose_recurrence
-from autosp.cost.strategy import Candidate, Choice, StrategyError, choose
+from autosp.cost.strategy import Candidate, Choice, StrategyError, choose, choose_cut
 from autosp.ir import builders as b
 from autosp.ir import ops
 from autosp.ir.contract import (
@@ -134,7 +143,14 @@ class PartitionAttention(ModulePass):
         with module.context:
             as_operation(module).attributes[SP_LAYOUT_ATTR] = ir.StringAttr.get(choice.layout.describe())
             as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(choice.reason)
-        partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring)
+        cuts: list[str] = []
+        partition_attention(module, info, self.sp_size, self.group, ulysses=choice.ulysses, ring=choice.ring,
+                            cuts=cuts)
+        if cuts:
+            with module.context:
+                reason = ir.StringAttr(as_operation(module).attributes[SP_CHOICE_ATTR]).value
+                as_operation(module).attributes[SP_CHOICE_ATTR] = ir.StringAttr.get(
+                    reason + "; " + "; ".join(dict.fromkeys(cuts)))
         if choice.ring == 1:
             why = partition_recurrences(module, info, self.sp_size, self.group, sequence_length_value(module, info),
                                         self)
@@ -242,8 +258,11 @@ def _check_operand(op, value, what: str, info: SequenceInfo) -> tuple[list, str]
     return shape
 
 
-def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value) -> ir.Operation:
-    """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all; return the new SDPA."""
+def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir.Value, *,
+                   slicer: HeadSlicer | None = None, cuts: list | None = None) -> ir.Operation:
+    """Rewrite one SDPA op as all_to_all -> SDPA on H/P heads -> all_to_all; return the new SDPA.
+    With ``slicer``, an operand whose heads are cheaper to compute from gathered sources
+    (:func:`cheaper_cut`) is computed so instead of all-to-all'd."""
     q, k, v, mask = op.operands[0], op.operands[1], op.operands[2], op.operands[3]
     (q_shape, dtype), (k_shape, _), (v_shape, _) = (_check_operand(op, x, n, info)
                                                     for x, n in ((q, "query"), (k, "key"), (v, "value")))
@@ -266,6 +285,12 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
             raise DiagnosticError.at(op, f"key/value heads ({kv_heads}) neither divide nor are divisible by "
                                          f"sp-size {sp_size}")
         repeat = sp_size // kv_heads
+    cut: dict = {}
+    if slicer is not None and repeat == 1:
+        chosen, why = cheaper_cut(op, info, sp_size, slicer, (heads, kv_heads, kv_heads))
+        cut = {x: slicer.build(x, Axis(HEAD_DIM, h), op) for x, h in chosen.items()}
+        if why and cuts is not None:
+            cuts.append(why)
 
     with ir.InsertionPoint(op), op.location:
         def repeated_kv(x):
@@ -283,6 +308,8 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
             return source, src_shape, reps
 
         def to_heads(x, shape, reps):
+            if x in cut:  # computed on this rank's heads from gathered sources
+                return cut[x]
             found = repeated_kv(x) if reps == 1 and x is not q else None
             if found is not None:
                 source, src_shape, kv_reps = found
@@ -332,6 +359,39 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
     op.results[0].replace_all_uses_with(back)
     op.erase()
     return attention
+
+
+def cheaper_cut(op, info: SequenceInfo, sp_size: int, slicer: HeadSlicer, heads: tuple) -> tuple[dict, str]:
+    """``({operand: its head count}, why)`` for the q, k, v of SDPA ``op`` that cost fewer
+    bytes computed on each rank's heads from gathered sources (:meth:`HeadSlicer.sources`)
+    than all-to-all'd, priced by :func:`autosp.cost.strategy.choose_cut`; ``({}, "")``
+    where none does (or the sizes are not known)."""
+    named = dict(zip("qkv", op.operands[:3]))
+    sizes = {n: bytes_per_token(x, info) for n, x in named.items()}
+    sizes["o"] = bytes_per_token(op.results[0], info)
+    if None in sizes.values():
+        return {}, ""
+    labels: dict = {}
+    sources: dict = {}
+    for (n, x), h in zip(named.items(), heads):
+        got = slicer.sources(x, Axis(HEAD_DIM, h))
+        if got:
+            sources[n] = {labels.setdefault(s, _label(s, labels)): bytes_per_token(s, info) for s in got}
+    if not sources:
+        return {}, ""
+    choice = choose_cut(sizes, sources, sp_size)  # type: ignore[arg-type]
+    if not choice.cut:
+        return {}, ""
+    return {named[n]: h for n, h in zip("qkv", heads) if n in choice.cut}, choice.reason
+
+
+def _label(value, taken: dict) -> str:
+    """A source's name in ``autosp.sp_choice``: its shape and dtype (``[2,?,16]xf32``), numbered
+    when another source has the same."""
+    dims, dtype = b.vtensor_shape(value.type)  # type: ignore[misc]
+    label = "[" + ",".join("?" if d is None else str(d) for d in dims) + f"]x{dtype}"
+    same = sum(1 for other in taken.values() if other.split(" #")[0] == label)
+    return label if not same else f"{label} #{same + 1}"
 
 
 def to_ring(op, group: str, seq_len: ir.Value) -> None:
@@ -493,20 +553,23 @@ def _to_heads(op, sp_size: int, group: str, seq_len) -> None:
 
 
 def partition_attention(module, info: SequenceInfo, sp_size: int, group: str = "sp", *, ulysses: int = 0,
-                        ring: int = 1) -> int:
+                        ring: int = 1, cuts: list | None = None) -> int:
     """Partition every attention op found by the analysis on a ``ulysses x ring`` mesh
     (default: Ulysses over all ``sp_size`` ranks); return how many were rewritten.
     With ``ring > 1`` the all-to-alls run on the ``<group>:ulysses`` sub-group and
-    attention becomes ``autosp.ring_attention`` on ``<group>:ring``."""
+    attention becomes ``autosp.ring_attention`` on ``<group>:ring``. On a Ulysses mesh
+    q, k or v may cross the ranks as a smaller source (:mod:`autosp.passes.head_cut`);
+    the reasons are appended to ``cuts``."""
     ulysses = ulysses or sp_size // ring
     count = 0
     seq_len = sequence_length_value(module, info) if info.attention else None
     a2a_group = group if ring == 1 else f"{group}:ulysses"
+    slicer = HeadSlicer(module, info, ulysses, a2a_group, seq_len) if ring == 1 and seq_len is not None else None
     for op, kind in info.attention:
         if kind == AttentionKind.MANUAL:
             partition_manual(op, info, ulysses, a2a_group, seq_len)
         elif ring == 1:
-            partition_sdpa(op, info, ulysses, a2a_group, seq_len)
+            partition_sdpa(op, info, ulysses, a2a_group, seq_len, slicer=slicer, cuts=cuts)
         else:
             if ulysses > 1:
                 op = partition_sdpa(op, info, ulysses, a2a_group, seq_len)

@@ -209,3 +209,68 @@ def choose(heads: int, kv_heads: int, sp_size: int, *, ranks_per_node: int | Non
     if why_not:
         reason += "; ruled out: " + ", ".join(f"{u}x{r} ({why})" for (u, r), why in why_not.items())
     return Choice(best, reason, priced)
+
+
+@dataclass(frozen=True)
+class CutChoice:
+    """Which attention operands cross the ranks as smaller sources (:func:`choose_cut`).
+
+    ``cut``: the operands (``"q"``, ``"k"``, ``"v"``) computed on each rank from gathered
+    sources instead of all-to-all'd; ``bytes_before`` / ``bytes_after``: what a rank
+    receives per token of the sequence either way (forward; backward mirrors it)."""
+
+    cut: tuple[str, ...]
+    bytes_before: float
+    bytes_after: float
+    reason: str
+
+
+def choose_cut(operands: dict[str, int], sources: dict[str, dict[str, int]], ranks: int) -> CutChoice:
+    """The cheapest way for q, k and v to reach their heads (the Ulysses cut), per token.
+
+    ``operands``: each operand's bytes per token (``H x D x e``; an all-to-all hands a rank
+    ``(P - 1) / P`` of ``1 / P`` of it per token of the sequence), the output (``"o"``,
+    always all-to-all'd back) among them so that the figures are the layer's; ``sources``: for each
+    operand that can be computed token by token from values without heads, those values
+    (by name) and their bytes per token (an all-gather hands a rank ``(P - 1) / P`` of them
+    per token). Only a *bottleneck* is a candidate: an operand whose own sources cost fewer
+    bytes than its own all-to-all (MLA's latents; not the layer's input, which q, k and v
+    share but which is wider than each one's share: gathering it would trade bytes for
+    memory, the whole input kept on every rank). Candidates that share a source (MLA's k
+    and v, from one latent) pay for it once; every subset of them is priced, the cheapest
+    wins, the all-to-alls on ties.
+
+    Example (DeepSeek-V3's attention at P = 8, bf16: q and k 128 heads x 192, v and the
+    output 128 x 128; k and v from the 512-value latent and the 64-value shared rope key)::
+
+        >>> c = choose_cut({"q": 49152, "k": 49152, "v": 32768, "o": 32768},
+        ...                {"k": {"latent": 1024, "k_rope": 128}, "v": {"latent": 1024}}, ranks=8)
+        >>> c.cut, round(c.bytes_before / c.bytes_after, 2)
+        (('k', 'v'), 1.8)
+    """
+    share = (ranks - 1) / ranks
+    names = [n for n in sorted(sources, key=list(operands).index)
+             if sum(sources[n].values()) < operands[n] / ranks]  # bottlenecks only
+    best: tuple[float, tuple[str, ...]] | None = None
+    for mask in range(1 << len(names)):
+        cut = tuple(n for i, n in enumerate(names) if mask >> i & 1)
+        moved = sum(size / ranks for n, size in operands.items() if n not in cut)
+        gathered: dict[str, int] = {}
+        for n in cut:
+            gathered.update(sources[n])
+        cost = share * (moved + sum(gathered.values()))
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, cut)
+    assert best is not None  # the empty cut is always priced
+    before = share * sum(size / ranks for size in operands.values())
+    cost, cut = best
+    if not cut:
+        reason = "q, k, v all-to-all'd (no smaller source)" if sources else "q, k, v all-to-all'd"
+    else:
+        gathered = {}
+        for n in cut:
+            gathered.update(sources[n])
+        reason = (f"{', '.join(cut)} computed from gathered {' + '.join(sorted(gathered))} "
+                  f"({sum(gathered.values())} bytes/token) instead of all-to-alls: "
+                  f"{before / cost:.2f}x fewer bytes per layer forward")
+    return CutChoice(cut, before, cost, reason)

@@ -62,7 +62,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernels take an additive mask
             attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
         return kernels.dense(query, key, value, causal=is_causal, scale=scale, bias=attn_mask, dropout_p=dropout_p)
-    if query.device.type == "meta":
+    if query.device.type == "meta" and value.shape[-1] == query.shape[-1]:  # (the fused kernel: one head dim)
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
@@ -72,9 +72,10 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 def _attend(q, k, v, mask, scale, enable_gqa, causal: bool = False):
     if on_cuda(q):
         return kernels.dense(q, k, v, causal=causal, scale=scale, bias=mask)
-    if q.device.type in ("cpu", "meta"):
+    if q.device.type in ("cpu", "meta") and v.shape[-1] == q.shape[-1]:
         # The fused CPU kernel: keeps the output and log-sum-exp for backward, not the scores;
-        # with GQA it reads each shared KV head (no repeated copies).
+        # with GQA it reads each shared KV head (no repeated copies). It takes one head dim
+        # for q, k and v (MLA's narrower v: SDPA chooses).
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
@@ -185,7 +186,7 @@ def _key_padded_cuda_bidirectional(query, key, value, attn_mask, scale):
     efficient kernel with the broadcast mask (warned)."""
     b, _, s, _ = query.shape
     runs = _visible_runs(attn_mask)
-    why = kernels.flash_ok(query) or (None if runs is not None else
+    why = kernels.flash_ok(query, value) or (None if runs is not None else
                                       "key padding inside a row (not only left or right padding)")
     if why is None and any(z == a for a, z in runs or []):
         why = "a row with every key padded (its queries see nothing)"
@@ -239,7 +240,7 @@ def _key_padded_cuda(query, key, value, attn_mask, scale, window):
     efficient kernel with the broadcast mask (warned)."""
     b, _, s, _ = query.shape
     runs = _visible_runs(attn_mask)
-    why = kernels.flash_ok(query)
+    why = kernels.flash_ok(query, value)
     trailing = runs is not None and any(0 < z < s for _, z in runs)
     if why is None and runs is not None and window is not None and trailing:
         why = "a sliding window with right padding (the padded queries' windows are not one varlen launch)"
@@ -305,7 +306,7 @@ def _sliding_window(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     if on_cuda(query) and s > window and not cuda_fallback:
         if attn_mask is not None:  # (falls back to the blocks below where varlen cannot express it)
             return _key_padded_cuda(query, key, value, attn_mask, scale, window)
-        why = kernels.flash_ok(query)
+        why = kernels.flash_ok(query, value)
         if why is None:  # every row one run of the varlen kernel, with the window
             b = query.shape[0]
             cu = kernels.cumulative([s] * b, query.device)
@@ -358,7 +359,7 @@ def _documents_cuda(query, key, value, attn_mask, scale, window):
     """Every document of every row as one run of the varlen flash kernel (one launch, two
     host syncs for the runs), or None where that kernel cannot run it (warned)."""
     b, _, s, _ = query.shape
-    why = kernels.flash_ok(query)
+    why = kernels.flash_ok(query, value)
     lengths = [s] * b  # without values (meta, fake): one document per row
     ids = attn_mask[:, 0, 0, :].expand(b, s)
     if why is None and has_values(ids):

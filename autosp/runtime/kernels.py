@@ -95,9 +95,12 @@ def fallback(kind: str, reason: str, cost: str) -> None:
     warnings.warn(f"autosp: {kind} on CUDA: {reason}; {cost}", RuntimeWarning, stacklevel=3)
 
 
-def flash_ok(q: torch.Tensor) -> str | None:
-    """None if the flash kernels accept ``q``'s dtype and head dim, else why not."""
+def flash_ok(q: torch.Tensor, v: torch.Tensor | None = None) -> str | None:
+    """None if the flash kernels accept ``q``'s dtype and head dim (and ``v``'s, which they
+    take equal to q's: MLA's narrower v is refused), else why not."""
     d = q.shape[-1]
+    if v is not None and v.shape[-1] != d:
+        return f"the flash kernel takes one head dim for q, k and v, not {d} and {v.shape[-1]}"
     if q.dtype not in FLASH_DTYPES:
         return f"the flash kernel takes fp16/bf16, not {q.dtype}"
     if d % 8 or d > FLASH_MAX_HEAD_DIM:
@@ -135,7 +138,8 @@ def dense(q, k, v, *, causal: bool, scale, bias: torch.Tensor | None = None, dro
     Hkv), causal or not, with an optional additive ``bias`` broadcastable to [B, 1|H, Lq,
     Lk] (a broadcast dim is never materialised on CUDA). Differentiable."""
     if not on_cuda(q):
-        if q.device.type == "meta":  # the memory model for CPU: the fused CPU kernel
+        if q.device.type == "meta" and v.shape[-1] == q.shape[-1]:  # the memory model for CPU: the fused
+            # CPU kernel (which takes one head dim; MLA's v is narrower than q and k: SDPA's own choice)
             return aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, causal, attn_mask=bias, scale=scale)[0]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=causal,
@@ -147,7 +151,7 @@ def dense_lse(q, k, v, *, causal: bool, scale, bias=None, dropout_p: float = 0.0
     """CUDA: ``(out, lse, kernel)``: out [B, Hq, Lq, D], the log-sum-exp [B, Hq, Lq] in fp32
     (rows that see no key: -inf is *not* guaranteed; callers mask them), and the kernel's
     name (``"flash"``, ``"efficient"`` or ``"math"``). ``kernel`` forces one (tests)."""
-    kernel = kernel or choose_dense(q, bias)
+    kernel = kernel or choose_dense(q, bias, v)
     if kernel == "flash":
         r = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, causal, False, scale=scale)
         return r[0], r[1], kernel
@@ -159,10 +163,11 @@ def dense_lse(q, k, v, *, causal: bool, scale, bias=None, dropout_p: float = 0.0
     return _math(q, k, v, causal, scale, bias)
 
 
-def choose_dense(q: torch.Tensor, bias) -> str:
+def choose_dense(q: torch.Tensor, bias, v: torch.Tensor | None = None) -> str:
     """The CUDA kernel for a dense call: flash without a mask, efficient with one (or when
-    flash refuses the inputs), math only when both refuse (warned)."""
-    why_flash = flash_ok(q)
+    flash refuses the inputs: a value head dim other than q's, as MLA's), math only when
+    both refuse (warned)."""
+    why_flash = flash_ok(q, v)
     if bias is None and why_flash is None:
         return "flash"
     why_eff = efficient_ok(q)

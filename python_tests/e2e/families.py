@@ -52,6 +52,8 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     "mpt": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     "bloom": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     "t5": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),  # an encoder, token classification
+    # MLA: q, k and v computed on each rank's heads from gathered latents (test_mla)
+    "deepseek_v3": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     # recurrences (test_recurrences)
     "mamba2": _cases((2, 15, ""), (2, 16, ""), (4, 19, ""), (4, 20, "")),
     # (variant word: the recurrence method asked for)

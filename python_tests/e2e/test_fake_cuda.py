@@ -284,6 +284,49 @@ def test_negative_control_alibi_not_fused_keeps_the_scores(monkeypatch):
     assert step.quadratic, (step.kernels(), step.problems())
 
 
+def _deepseek_v3_attention():
+    from pathlib import Path
+    return transformers.AutoConfig.from_pretrained(Path(__file__).parents[2] / "bench" / "configs" /
+                                                   "deepseek-v3-attention.json")
+
+
+def _mla_forward_bytes(step) -> list[int]:
+    return [w.bytes for w in step.wire if w.kind == "all_to_all" and not w.backward]
+
+
+def test_mla_at_deepseek_v3_shapes_gathers_its_latents_over_8_ranks():
+    """DeepSeek-V3's attention (128 heads, q/k 192 and v 128 wide, from a 1536-value q latent
+    and a 512 + 64-value kv latent) over 8 ranks on CUDA: the latents are gathered, every
+    rank computes its 16 heads of q, k and v from them, and attention runs the
+    memory-efficient kernel (flash takes one head dim for q, k and v). K and V cross the
+    ranks as 576 values per token gathered, not 40,960 all-to-all'd: >= 8x fewer bytes."""
+    from autosp.planning.estimate import MemoryModel
+    from autosp.planning.fake_cuda import clear_length, model_dims
+    cfg, p = _deepseek_v3_attention(), 8
+    model = MemoryModel(cfg, p, torch.bfloat16, "off", inputs=lambda ids: trainer_call("position_ids", ids),
+                        device="cuda")
+    seq = clear_length(16384, p, model_dims(model.model))
+    step = cuda_step(cfg, seq, sp_size=p, model=model, ranks=[p - 1])[0]
+    step.check()
+    assert step.kernels() == {"efficient": 1, "efficient backward": 1}, step.kernels()
+    q, k_rope_kv, o = 1536, 512 + 64, cfg.num_attention_heads * cfg.v_head_dim
+    local = seq // p  # (each of P copies of this rank's tokens: its send buffer)
+    assert _mla_forward_bytes(step) == [p * local * q * 2, p * local * 512 * 2, p * local * 64 * 2, local * o * 2]
+    per_head_kv = (p - 1) / p * local * cfg.num_attention_heads * (192 + 128) * 2  # today's all-to-alls of k, v
+    gathered = (p - 1) / p * p * local * k_rope_kv * 2
+    assert per_head_kv / gathered >= 8, per_head_kv / gathered
+
+
+def test_negative_control_mla_without_the_cut_sends_per_head_keys_and_values(monkeypatch):
+    """With the cut off (no operand computed from a gathered source) the same step sends
+    q, k, v and the output per head: 4 all-to-alls of [B, 128, S/8, D]."""
+    from autosp.passes import partition_attention
+    monkeypatch.setattr(partition_attention, "cheaper_cut", lambda *args, **kwargs: ({}, ""))
+    step = cuda_step(_deepseek_v3_attention(), 12000, sp_size=8, ranks=[0])[0]
+    local = 12000 // 8
+    assert _mla_forward_bytes(step) == [local * 128 * d * 2 for d in (192, 192, 128, 128)]
+
+
 def test_fsdp2_and_memory_budget_with_offload():
     steps = cuda_step(_llama(num_hidden_layers=3), S, sp_size=2, call="position_ids", fsdp=2)
     for step in steps:

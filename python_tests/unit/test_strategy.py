@@ -147,3 +147,25 @@ def test_mamba1_prefix_reads_its_basis_out_and_sends_a_diagonal_transition():
     assert shape.state_elems() == 2048 * 16 and shape.summary_elems() == 2 * 2048 * 16
     c = choose_recurrence(shape, 2, heads_ok=False)
     assert c.method == "prefix" and c.reason.startswith("selective_scan (2048 channels, N 16) on 2 ranks: prefix")
+
+
+def test_choose_cut_prices_gathered_sources_against_the_all_to_alls():
+    """DeepSeek-V3 at P = 8 (bf16): k and v from one 512-value latent plus the 64-value rope
+    key (shared: paid once), q from its 1536-value latent; every cut is cheaper than its
+    all-to-alls, so all three are cut: 2.46x fewer bytes per layer forward. A source that
+    costs what the all-to-all costs is not taken (ties go to the all-to-alls), nor one
+    that is cheaper only because operands share it."""
+    from autosp.cost.strategy import choose_cut
+    ops = {"q": 49152, "k": 49152, "v": 32768, "o": 32768}
+    sources = {"q": {"q_latent": 3072}, "k": {"kv_latent": 1024, "rope_key": 128}, "v": {"kv_latent": 1024}}
+    c = choose_cut(ops, sources, ranks=8)
+    assert c.cut == ("q", "k", "v") and round(c.bytes_before / c.bytes_after, 2) == 2.46, c
+    assert "q, k, v computed from gathered kv_latent + q_latent + rope_key" in c.reason
+    assert choose_cut(ops, {"v": {"kv_latent": 1024}}, ranks=8).cut == ("v",)  # 1024 < 32768 / 8
+    # the layer's input, shared by q, k and v (T5 at P = 2: d per token against 3 x d / 2): cheaper
+    # in bytes together, but no bottleneck for any of them, so not gathered
+    shared = choose_cut({"q": 128, "k": 128, "v": 128, "o": 128}, {n: {"hidden": 128} for n in "qkv"}, ranks=2)
+    assert shared.cut == (), shared
+    tie = choose_cut({"k": 64, "o": 64}, {"k": {"x": 16}}, ranks=4)  # 16 == 64 / 4
+    assert tie.cut == () and tie.bytes_before == tie.bytes_after
+    assert choose_cut(ops, {}, ranks=8).cut == ()
