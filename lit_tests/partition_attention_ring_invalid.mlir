@@ -70,3 +70,22 @@ func.func @padding_empty_rows(%q: !torch.vtensor<[2,4,?,8],f32> {autosp.input = 
   return %0 : !torch.vtensor<[2,4,?,8],f32>
 }
 
+
+// -----
+
+// MLA's values are narrower than its queries and keys (v 8 against q/k 12): the ring's
+// K/V blocks travel as one tensor, so a forced ring is diagnosed (auto keeps Ulysses).
+func.func @narrower_values(%q: !torch.vtensor<[2,4,?,12],f32> {autosp.input = "args[0]", autosp.seq_dim = 2 : i64},
+                           %v: !torch.vtensor<[2,4,?,8],f32> {autosp.input = "args[1]", autosp.seq_dim = 2 : i64})
+    -> !torch.vtensor<[2,4,?,8],f32> {
+  %none = torch.constant.none
+  %float0 = torch.constant.float 0.000000e+00
+  %true = torch.constant.bool true
+  %false = torch.constant.bool false
+  %s = torch.symbolic_int "s0" {min_val = 2, max_val = 4096} : !torch.int
+  torch.bind_symbolic_shape %q, [%s], affine_map<()[s0] -> (2, 4, s0, 12)> : !torch.vtensor<[2,4,?,12],f32>
+  torch.bind_symbolic_shape %v, [%s], affine_map<()[s0] -> (2, 4, s0, 8)> : !torch.vtensor<[2,4,?,8],f32>
+  // expected-error@+1 {{'torch.aten.scaled_dot_product_attention' op cannot run as ring attention: its values' head dim (8) is not its keys' (12): the ring's K/V blocks travel as one (MLA's narrower v runs on Ulysses)}}
+  %0 = torch.aten.scaled_dot_product_attention %q, %q, %v, %none, %float0, %true, %none, %false : !torch.vtensor<[2,4,?,12],f32>, !torch.vtensor<[2,4,?,12],f32>, !torch.vtensor<[2,4,?,8],f32>, !torch.none, !torch.float, !torch.bool, !torch.none, !torch.bool -> !torch.vtensor<[2,4,?,8],f32>
+  return %0 : !torch.vtensor<[2,4,?,8],f32>
+}

@@ -41,7 +41,8 @@ its part to every rank, which is an all-gather whose backward (the inverse all-t
 then the expand's sum) adds up what every rank's heads contributed to each position, the
 reduce-scatter the gather needs here (each rank uses the gathered value for its own heads
 only). A view that folds the sequence into rows (``[B * S, C]``) is taken as the view of
-its whole source.
+its whole source, and a product of such rows by a matrix without the sequence (a LoRA
+adapter's ``A``) as the product of the whole rows, recomputed over the whole sequence.
 
 The built computation runs on ``H / P`` heads over the whole sequence: the layouts pass
 sees it as head-sharded, like an all-to-all's result.
@@ -64,7 +65,8 @@ _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
 _BROADCASTS = ("torch.aten.broadcast_to", "torch.aten.expand")
 _CREATES = ("torch.aten.empty.memory_format", "torch.aten.zeros", "torch.aten.ones", "torch.aten.full")
 _UNARY = ("torch.aten.clone", "torch.aten.contiguous", "torch.aten._to_copy", "torch.aten.to.dtype",
-          "torch.prims.convert_element_type", "torch.aten.detach", "torch.aten.alias", "torch.aten.neg")
+          "torch.prims.convert_element_type", "torch.aten.detach", "torch.aten.alias", "torch.aten.neg",
+          "torch.aten.mul.Scalar", "torch.aten.div.Scalar")  # (their other operands: no tensor)
 _BINARY = ("torch.aten.mul.Tensor", "torch.aten.add.Tensor", "torch.aten.sub.Tensor", "torch.aten.div.Tensor")
 _DTYPE_BYTES = {"f64": 8, "si64": 8, "f32": 4, "si32": 4, "bf16": 2, "f16": 2, "si16": 2, "si8": 1, "ui8": 1, "i1": 1}
 
@@ -166,7 +168,7 @@ class HeadSlicer:
             got = frozenset([value])
         else:
             op = producer(value)
-            got = self.whole_sources(op.operands[0]) if op is not None and op_name(op) in _VIEWS else None
+            got = self.whole_sources(op.operands[0]) if op is not None and _recomputed(op, self.info) else None
         self._whole[value] = got
         return got
 
@@ -362,6 +364,17 @@ class HeadSlicer:
             moved = b.autosp_op(ALL_TO_ALL, [copies, self.seq_len], b.vtensor_type([1, *dims], dtype), split_dim=0,
                                 concat_dim=seq + 1, seq_dim=seq + 1, group=self.group)
             return b.torch_op("torch.aten.squeeze.dim", [moved, b.constant_int(0)], value.type)
+
+
+def _recomputed(op, info: SequenceInfo) -> bool:
+    """Is ``op``'s result, whole, ``op`` of its first operand whole (the rest unchanged)?
+    A view or reshape (rows that fold the sequence), or a product by a matrix without the
+    sequence (a LoRA adapter's ``A`` on a gathered latent: recomputed over the whole
+    sequence rather than gathered from a view that folds it)."""
+    name = op_name(op)
+    if name in _VIEWS:
+        return True
+    return name == "torch.aten.mm" and not info.seq_dims(op.operands[1])
 
 
 def _rank(value) -> int:

@@ -169,7 +169,7 @@ HEAD_DIM, SEQ_DIM = 1, 2  # of SDPA's [B, H, S, D] operands
 def ring_blocker(op, kind: str) -> str | None:
     """Why ring attention cannot run ``op`` (None: it can), read from constants in the IR:
     it needs SDPA whose mask is none (causal or not) or proven documents / a sliding
-    window, a constant is_causal and scale, and no dropout."""
+    window, a constant is_causal and scale, no dropout, and values as wide as the keys."""
     if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
@@ -185,6 +185,10 @@ def ring_blocker(op, kind: str) -> str | None:
         return "it has dropout (or a dropout probability that is not the constant 0)"
     if const_bool(op.operands[5]) is None:
         return "its is_causal is not a constant"
+    k_shape, v_shape = b.vtensor_shape(op.operands[1].type), b.vtensor_shape(op.operands[2].type)
+    if k_shape is not None and v_shape is not None and k_shape[0][-1:] != v_shape[0][-1:]:
+        return (f"its values' head dim ({v_shape[0][-1]}) is not its keys' ({k_shape[0][-1]}): the ring's K/V "
+                "blocks travel as one (MLA's narrower v runs on Ulysses)")
     if not is_none(op.operands[6]) and const_float(op.operands[6]) is None:
         return "its scale is not a constant"
     return None
