@@ -99,3 +99,61 @@ def test_negative_control_the_next_ranks_heads_fail(_fresh_seed):
     results = run_ranks(_body, 2, args=(_fresh_seed % 10000, True), timeout=600)
     assert min(max(r["outputs"], r["grads"]) for by_case in results.values() for r in by_case.values()) > 1e-3, \
         results
+
+
+def _other_mla(name):
+    """DeepSeek-V3 written out (eager attention, fused back by autosp-fuse-attention),
+    DeepSeek-V2 and MiniCPM3: MLA as other families write it, at the test model's dims."""
+    dims = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=8,
+                num_key_value_heads=8, q_lora_rank=12, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8,
+                v_head_dim=8, max_position_embeddings=128, use_cache=False, attn_implementation="sdpa")
+    if name == "deepseek_v3_eager":
+        model = _model()
+        model.config._attn_implementation = "eager"
+        return model
+    if name == "deepseek_v2":
+        cfg = transformers.DeepseekV2Config(**dims, moe_intermediate_size=16, first_k_dense_replace=1,
+                                            n_routed_experts=4, num_experts_per_tok=2)
+        return transformers.DeepseekV2ForCausalLM(cfg)
+    return transformers.MiniCPM3ForCausalLM(transformers.MiniCPM3Config(**dims))
+
+
+def _others_body(rank, world, queue, seed, names, control):
+    import autosp
+    from autosp.backend import fx_emitter
+    from autosp.ir import contract
+    from autosp.testing.parity import parity
+    original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
+    if control:
+        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, original[1])
+    out = {}
+    try:
+        for i, name in enumerate(names):
+            torch.manual_seed(seed + i)
+            model = _other_mla(name)
+            reference = copy.deepcopy(model)
+            compiled = autosp.compile(model, gather_outputs=True)
+            ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(seed + i))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = parity(reference, compiled, input_ids=ids, labels=ids)
+            ir = compiled.programs[0].mlir["transformed"]
+            out[name] = {"error": report.max_error, "gathers": ir.count("split_dim = 0 : i64")}
+    finally:
+        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
+    queue.put((rank, out))
+
+
+OTHERS = ["deepseek_v3_eager", "deepseek_v2", "minicpm3"]
+
+
+def test_other_mla_families_gather_their_latents_and_match_single_device(_fresh_seed):
+    """At P = 2, S = 17: each family's k and v (and q where its q path is proven: not
+    DeepSeek-V2's) come from gathered latents, and the model matches one device. Control:
+    the next rank's heads fail every family."""
+    results = run_ranks(_others_body, 2, args=(_fresh_seed % 10000, OTHERS, False), timeout=600)
+    for rank, by_family in results.items():
+        for name, r in by_family.items():
+            assert r["error"] <= TOL and r["gathers"] == (4 if name == "deepseek_v2" else 6), (rank, name, r)
+    control = run_ranks(_others_body, 2, args=(_fresh_seed % 10000, OTHERS, True), timeout=600)
+    assert all(r["error"] > 1e-3 for by_family in control.values() for r in by_family.values()), control
