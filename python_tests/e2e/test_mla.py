@@ -150,10 +150,10 @@ OTHERS = ["deepseek_v3_eager", "deepseek_v2", "minicpm3"]
 def test_other_mla_families_gather_their_latents_and_match_single_device(_fresh_seed):
     """At P = 2, S = 17: each family's k and v (and q where its q path is proven: not
     DeepSeek-V2's) come from gathered latents, and the model matches one device. Control:
-    the next rank's heads fail every family."""
+    the next rank's heads fail (checked on DeepSeek-V2, the family whose q is not cut)."""
     results = run_ranks(_others_body, 2, args=(_fresh_seed % 10000, OTHERS, False), timeout=600)
     for rank, by_family in results.items():
         for name, r in by_family.items():
             assert r["error"] <= TOL and r["gathers"] == (4 if name == "deepseek_v2" else 6), (rank, name, r)
-    control = run_ranks(_others_body, 2, args=(_fresh_seed % 10000, OTHERS, True), timeout=600)
+    control = run_ranks(_others_body, 2, args=(_fresh_seed % 10000, ["deepseek_v2"], True), timeout=600)
     assert all(r["error"] > 1e-3 for by_family in control.values() for r in by_family.values()), control
