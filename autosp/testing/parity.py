@@ -197,3 +197,41 @@ def saved_growth(compiled, model: torch.nn.Module, call, batches) -> float:
         saved.append(kept.bytes)
         del out
     return saved[1] / saved[0]
+
+
+def _next_ranks_heads(x: torch.Tensor, dim: int, heads: int, group: str) -> torch.Tensor:
+    from autosp.runtime import collectives
+    p = collectives.group_size(group)
+    n, r = heads // p, (collectives.group_rank(group) + 1) % p
+    if x.shape[dim] == heads:
+        return x.narrow(dim, r * n, n)
+    return x.unflatten(dim, (-1, heads)).narrow(dim + 1, r * n, n).flatten(dim, dim + 1)
+
+
+class next_ranks_heads:
+    """A negative control: while active, every ``autosp.local_heads`` in programs emitted
+    inside it takes the *next* rank's block of heads (a position bias, a projection's rows
+    cut to this rank's heads), so a parity check must fail. Restored on exit (pooled test
+    ranks run the next test in the same process).
+
+    Example::
+
+        >>> with next_ranks_heads(control):
+        ...     compiled = autosp.compile(model); report = parity(reference, compiled, ids)
+    """
+
+    def __init__(self, active: bool = True):
+        self.active = active
+
+    def __enter__(self) -> next_ranks_heads:
+        from autosp.backend import fx_emitter
+        from autosp.ir import contract
+        self.original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
+        if self.active:
+            fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, self.original[1])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from autosp.backend import fx_emitter
+        from autosp.ir import contract
+        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = self.original

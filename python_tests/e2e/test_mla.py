@@ -38,24 +38,11 @@ def _model():
     return transformers.DeepseekV3ForCausalLM(cfg)
 
 
-def _next_ranks_heads(x, dim, heads, group):
-    """The control: this rank takes the next rank's block of heads."""
-    from autosp.runtime import collectives
-    p = collectives.group_size(group)
-    n, r = heads // p, (collectives.group_rank(group) + 1) % p
-    return x.narrow(dim, r * n, n)
-
-
 def _body(rank, world, queue, seed, control=False):
     import autosp
-    from autosp.backend import fx_emitter
-    from autosp.ir import contract
-    from autosp.testing.parity import adamw_steps, parity
-    original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
-    if control:  # restored below: pooled ranks run the next test in this process
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, original[1])
+    from autosp.testing.parity import adamw_steps, next_ranks_heads, parity
     out = {}
-    try:
+    with next_ranks_heads(control):
         cases = families.at("deepseek_v3", world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
@@ -77,8 +64,6 @@ def _body(rank, world, queue, seed, control=False):
                     r["steps"] = adamw_steps(reference, model, compiled, loss_of,
                                              [torch.randint(0, VOCAB, ids.shape, generator=gen) for _ in range(3)])
             out[case.id()] = r
-    finally:
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
     queue.put((rank, out))
 
 
@@ -120,14 +105,9 @@ def _other_mla(name):
 
 def _others_body(rank, world, queue, seed, names, control):
     import autosp
-    from autosp.backend import fx_emitter
-    from autosp.ir import contract
-    from autosp.testing.parity import parity
-    original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
-    if control:
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, original[1])
+    from autosp.testing.parity import next_ranks_heads, parity
     out = {}
-    try:
+    with next_ranks_heads(control):
         for i, name in enumerate(names):
             torch.manual_seed(seed + i)
             model = _other_mla(name)
@@ -139,8 +119,6 @@ def _others_body(rank, world, queue, seed, names, control):
                 report = parity(reference, compiled, input_ids=ids, labels=ids)
             ir = compiled.programs[0].mlir["transformed"]
             out[name] = {"error": report.max_error, "gathers": ir.count("split_dim = 0 : i64")}
-    finally:
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
     queue.put((rank, out))
 
 

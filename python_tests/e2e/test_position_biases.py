@@ -44,27 +44,12 @@ def _labels(family, ids):
     return ids % 3 if family == "t5" else ids
 
 
-def _next_ranks_heads(x, dim, heads, group):
-    """The control: this rank takes the next rank's block of heads."""
-    from autosp.runtime import collectives
-    p = collectives.group_size(group)
-    n, r = heads // p, (collectives.group_rank(group) + 1) % p
-    if x.shape[dim] == heads:
-        return x.narrow(dim, r * n, n)
-    return x.unflatten(dim, (-1, heads)).narrow(dim + 1, r * n, n).flatten(dim, dim + 1)
-
-
 def _body(rank, world, queue, seed, family, control=False):
     import autosp
-    from autosp.backend import fx_emitter
-    from autosp.ir import contract
     from autosp.planning.memory import SavedTensors
-    from autosp.testing.parity import adamw_steps, parity
-    original = fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS]
-    if control:  # restored below: pooled ranks run the next test in this process
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = (_next_ranks_heads, original[1])
+    from autosp.testing.parity import adamw_steps, next_ranks_heads, parity
     out = {}
-    try:
+    with next_ranks_heads(control):
         cases = families.at(family, world)
         for i, case in enumerate(cases[:1] if control else cases):
             torch.manual_seed(seed + i)
@@ -93,8 +78,6 @@ def _body(rank, world, queue, seed, family, control=False):
                         r["saved"][s] = kept.bytes
                         del loss
             out[case.id()] = r
-    finally:
-        fx_emitter._AUTOSP_OPS[contract.LOCAL_HEADS] = original
     queue.put((rank, out))
 
 
