@@ -28,6 +28,7 @@ judge its ops.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -84,7 +85,8 @@ def experts_as_token_ops(model: torch.nn.Module):
         def forward(*args, _names=names, _module=module, _path=path, _original=original, **kwargs):
             if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
                 return _original(*args, **kwargs)
-            weights = [_module.get_parameter(n) for n in _names]
+            # (by attribute: inside FSDP2's forward its unsharded weights are plain tensors, not Parameters)
+            weights = [functools.reduce(getattr, n.split("."), _module) for n in _names]
             if is_titan_routed_experts(_module):  # [B, L, ...] rows as tokens; the counts recomputed
                 x, scores, ids = args[:3]
                 b, length, d = x.shape
