@@ -14,6 +14,7 @@ from autosp.passes.fuse_attention import FuseAttention
 from autosp.passes.fuse_gqa import FuseGqa
 from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
+from autosp.passes.relative_bias import RelativeBias
 from autosp.passes.shard_sequence import ShardSequence
 from autosp.passes.sp_pipeline import SequenceParallelPipeline
 from autosp.passes.tile_loss import TileLoss
@@ -33,6 +34,7 @@ PASSES: dict[str, type[ModulePass]] = {
         FuseGqa,
         HoistShard,
         PartitionAttention,
+        RelativeBias,
         SequenceParallelPipeline,
         ShardSequence,
         TileLoss,

@@ -146,14 +146,14 @@ def prove_causal(sdpa) -> MaskProof:
     if isinstance(found, MaskProof):
         return found
     allowed, finite = found
-    if one_row and (isinstance(allowed, And) or _split_key_padding(And((allowed,)), k, mask, interpreter)[1] is None):
+    if one_row and (isinstance(allowed, And) or split_key_padding(And((allowed,)), k, mask, interpreter)[1] is None):
         return MaskProof(False, "cannot prove the mask spans the query and key lengths (one row, and not key "
                                 "padding alone)")
     if allowed == causal:
         return MaskProof(True, "k <= q")
     padding = documents = None
     if not isinstance(allowed, And) and value.rank == 4:  # key padding alone: an encoder's mask
-        rest, padding = _split_key_padding(And((allowed,)), k, mask, interpreter)
+        rest, padding = split_key_padding(And((allowed,)), k, mask, interpreter)
         if padding is not None:
             if finite is None:
                 return MaskProof(False, "key padding with an additive mask whose masking constant is too small "
@@ -162,7 +162,7 @@ def prove_causal(sdpa) -> MaskProof:
             return MaskProof(False, f"key padding {padding[0].get_name()}[b, k]{' != 0' if padding[1] else ''} "
                                     "(bidirectional)", key_padding=padding, empty_rows=empty, bidirectional=True)
     if isinstance(allowed, And) and value.rank == 4:
-        allowed, padding = _split_key_padding(allowed, k, mask, interpreter)
+        allowed, padding = split_key_padding(allowed, k, mask, interpreter)
     if isinstance(allowed, And) and value.rank == 4:
         allowed, documents = _split_documents(allowed, q, k, mask, interpreter, sdpa)
     structure = "k <= q" if allowed == causal else None
@@ -222,7 +222,7 @@ def _without(allowed: And, conjunct: Formula) -> Formula:
     return rest[0] if len(rest) == 1 else And(tuple(rest))
 
 
-def _split_key_padding(allowed: And, k: int, mask: ir.Value, interpreter: MaskInterpreter):
+def split_key_padding(allowed: And, k: int, mask: ir.Value, interpreter: MaskInterpreter):
     """``(rest, padding)``: a conjunct ``pad[b, k]`` (or ``int_pad[b, k] != 0``) with ``pad``
     a [B, S] data tensor read at the mask's batch and key index (transformers'
     ``padding_mask_function``) taken out, ``padding = (pad, nonzero)``; else ``(allowed, None)``."""
@@ -375,10 +375,10 @@ def fold_causal_masks(module) -> int:
             true = ir.Operation.create("torch.constant.bool", results=[ir.Type.parse("!torch.bool")],
                                        attributes={"value": ir.BoolAttr.get(True)}).result
         if proof.documents is not None:
-            op.operands[3] = _key_mask(op, proof.documents)
+            op.operands[3] = key_mask(op, proof.documents)
         elif proof.key_padding is not None:
             padding, nonzero = proof.key_padding
-            op.operands[3] = _key_mask(op, padding, nonzero)
+            op.operands[3] = key_mask(op, padding, nonzero)
         else:
             op.operands[3] = none
         if not proof.bidirectional:
@@ -398,7 +398,7 @@ def fold_causal_masks(module) -> int:
     return folded
 
 
-def _key_mask(op, padding: ir.Value, nonzero: bool = False) -> ir.Value:
+def key_mask(op, padding: ir.Value, nonzero: bool = False) -> ir.Value:
     """``padding`` ([B, S] boolean key padding, or integer document ids) as [B, 1, 1, S],
     built just before ``op`` (``nonzero``: an integer padding mask, compared != 0 first)."""
     shape = b.vtensor_shape(padding.type)

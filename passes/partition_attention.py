@@ -173,6 +173,9 @@ def ring_blocker(op, kind: str) -> str | None:
     if kind == AttentionKind.MANUAL:
         return "it is softmax attention written out (ring attention runs SDPA)"
     mask = op.operands[3]
+    if ops.is_relative_bias_attention(op):
+        return "its bias depends on the distance k - q (T5's buckets): each ring pair would read its own band; " \
+               "it runs on Ulysses"
     if EMPTY_ROWS_ATTR in op.attributes and not ops.is_sink_attention(op):  # (with sinks: zeros, as the ring)
         return (f"its queries whose keys are all masked attend as eager attention's "
                 f"'{ir.StringAttr(op.attributes[EMPTY_ROWS_ATTR]).value}' rule says (a mean over every rank's values); "
@@ -349,6 +352,8 @@ def partition_sdpa(op, info: SequenceInfo, sp_size: int, group: str, seq_len: ir
         attrs = {n: op.attributes[n] for n in op.attributes}
         if ops.is_sink_attention(op):  # the sinks stay [H]: each rank reads its heads' chunk
             attrs[SINK_HEADS_ATTR] = ir.StringAttr.get(group)
+        if ops.is_relative_bias_attention(op):  # the table [buckets, H]: this rank's heads of it
+            new_operands[8] = _local_heads(op, op.operands[8], 1, heads, sp_size, group)
         if ops.is_key_bias_attention(op):  # the bias, whole on every rank: this rank's heads of it
             bias_shape = b.vtensor_shape(op.operands[8].type)
             if bias_shape is not None and bias_shape[0][HEAD_DIM] == heads:

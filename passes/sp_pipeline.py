@@ -17,6 +17,7 @@ from autosp.passes.fuse_attention import FuseAttention
 from autosp.passes.fuse_gqa import FuseGqa
 from autosp.passes.hoist_shard import HoistShard
 from autosp.passes.partition_attention import PartitionAttention
+from autosp.passes.relative_bias import RelativeBias
 from autosp.passes.shard_sequence import ShardSequence
 
 from autosp.ir.pass_base import ModulePass, PassOptionError
@@ -28,6 +29,7 @@ class SequenceParallelPipeline(ModulePass):
 
     Runs ``autosp-fuse-attention`` (hand-written softmax attention proven exact becomes
     SDPA), ``autosp-causal-mask`` (masks proven causal from the IR become ``is_causal``),
+    ``autosp-relative-bias`` (a per-head bias of ``k - q`` in a mask runs without S × S),
     ``autosp-causal-conv`` (a left-padded valid convolution becomes the padded convolution
     cut back to the input's length, the causal form split with a halo),
     ``autosp-fuse-gqa`` (attention reads shared KV heads, not repeated copies),
@@ -69,7 +71,7 @@ class SequenceParallelPipeline(ModulePass):
         """The sub-passes, run (and dumped, and reproduced) one by one by the pipeline."""
         if self.sp_size <= 1:
             return [FuseGqa(), DeadCodeElimination()]
-        return [FuseAttention(), CausalMask(), CausalConv(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
+        return [FuseAttention(), CausalMask(), RelativeBias(), CausalConv(), FuseGqa(), DeadCodeElimination(), AnnotateSequence(),
                 PartitionAttention(sp_size=self.sp_size, group=self.group, strategy=self.strategy,
                                    ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
                                    ranks_per_node=self.ranks_per_node, seq_len=self.seq_len,

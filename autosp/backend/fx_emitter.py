@@ -41,13 +41,14 @@ from autosp.ir.contract import (
 )
 from autosp.ir.core import as_operation, body_ops, main_func, op_name
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import KEY_BIAS_ATTENTION, SDPA_OP, SINK_ATTENTION
+from autosp.ir.ops import KEY_BIAS_ATTENTION, RELATIVE_BIAS_ATTENTION, SDPA_OP, SINK_ATTENTION
 from autosp.ir.stated import RECURRENCE, stated
 from autosp.runtime import (
     attention,
     collectives,
     functions,  # noqa: F401 - registers autosp::autograd_function (a rank may only emit)
     recurrences,  # noqa: F401 - registers the recurrence ops (a rank may only emit)
+    relative_bias,
     sequence_ops,
 )
 
@@ -311,6 +312,9 @@ class _Emitter:
                 runtime = attention.key_bias_attention
                 kwargs["empty_rows"] = _attr_value(attrs[EMPTY_ROWS_ATTR]) if EMPTY_ROWS_ATTR in attrs else None
             self._bind_results(op, self.graph.call_function(runtime, tuple(operands), kwargs))
+            return
+        if name == RELATIVE_BIAS_ATTENTION:  # SDPA's operands, the table, the buckets, the masking constant
+            self._bind_results(op, self.graph.call_function(relative_bias.relative_bias_attention, tuple(operands)))
             return
         if name in _SYM_OPS:
             self._bind_results(op, self.graph.call_function(_SYM_OPS[name], tuple(operands)))

@@ -41,6 +41,9 @@ SINK_ATTENTION = "torch.autosp.sink_attention"
 # writes it: SDPA's 8 operands and the bias as operand 8. The bias never becomes S x S:
 # the kernels take it broadcast (stride 0 over the queries).
 KEY_BIAS_ATTENTION = "torch.autosp.key_bias_attention"
+# SDPA whose mask was a per-head bias of k - q (T5): operands 8-10 are the table [buckets, H],
+# the buckets of every distance [2 S - 1] and the masking constant (autosp-relative-bias)
+RELATIVE_BIAS_ATTENTION = "torch.autosp.relative_bias_attention"
 SOFTMAX_OPS = ("torch.aten.softmax.int", "torch.aten._softmax", "torch.aten._safe_softmax")
 # Matmuls of hand-written attention (scores = q @ k^T, out = p @ v).
 ATTENTION_MATMULS = ("torch.aten.bmm", "torch.aten.matmul")
@@ -178,7 +181,13 @@ def is_sdpa(op) -> bool:
     """SDPA, SDPA with attention sinks (:data:`SINK_ATTENTION`) or with a key bias
     (:data:`KEY_BIAS_ATTENTION`): an op whose operands 0-7 are SDPA's (q, k, v, mask,
     dropout, is_causal, scale, enable_gqa)."""
-    return operator_name(op) in (SDPA_OP, SINK_ATTENTION, KEY_BIAS_ATTENTION)
+    return operator_name(op) in (SDPA_OP, SINK_ATTENTION, KEY_BIAS_ATTENTION, RELATIVE_BIAS_ATTENTION)
+
+
+def is_relative_bias_attention(op) -> bool:
+    """Attention with a bias of ``k - q`` (:data:`RELATIVE_BIAS_ATTENTION`; operand 8: the
+    table ``[buckets, H]``, 9: the buckets ``[2 S - 1]``, 10: the masking constant)."""
+    return operator_name(op) == RELATIVE_BIAS_ATTENTION
 
 
 def is_key_bias_attention(op) -> bool:

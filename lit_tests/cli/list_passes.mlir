@@ -26,6 +26,7 @@
 // CHECK-NEXT:     ranks-per-node (int, default 0)
 // CHECK-NEXT:     seq-len (int, default 0)
 // CHECK-NEXT:     recurrence (str, default auto)
+// CHECK-NEXT:   autosp-relative-bias{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:   autosp-shard-sequence{{ +}}{{[A-Z].+}}
 // CHECK-NEXT:     group (str, default sp)
 // CHECK-NEXT:     gather-outputs (bool, default False)

@@ -284,6 +284,34 @@ def test_negative_control_alibi_not_fused_keeps_the_scores(monkeypatch):
     assert step.quadratic, (step.kernels(), step.problems())
 
 
+def _t5_8b_like():
+    """A T5 encoder at an 8B-like attention shape (32 heads of 128, d_model 4096), two layers,
+    token classification, on meta weights."""
+    cfg = transformers.T5Config(vocab_size=128, d_model=4096, d_kv=128, d_ff=8192, num_layers=2, num_heads=32,
+                                relative_attention_num_buckets=32, num_labels=3, dropout_rate=0.0)
+    with torch.device("meta"):
+        return transformers.T5ForTokenClassification(cfg)
+
+
+def test_t5_relative_bias_at_8b_shapes_keeps_no_s_by_s_tensor():
+    """T5's bucketed bias of k - q at S = 32K over 8 ranks on CUDA: proven a relative bias
+    (autosp-relative-bias), rebuilt block by block from the [2 S - 1] buckets of the
+    distances and this rank's 4 heads of the table: no [S, S] tensor, no SDPA on a mask,
+    and the bytes kept for backward a small fraction of one [4, S, S] bf16 mask's."""
+    step = cuda_step(_t5_8b_like(), 32768, sp_size=8, call="plain", ranks=[7])[0]
+    step.check()
+    assert not step.attention, step.kernels()  # no fused kernel on an S x S mask: the blocked one
+    assert step.saved_bytes < 4 * 32768 * 32768 * 2 / 4, step.saved_bytes
+
+
+def test_negative_control_t5_without_the_proof_keeps_its_mask(monkeypatch):
+    """Without the relative-bias proof T5's [B, H, S, S] mask is built and kept."""
+    from autosp.passes import relative_bias
+    monkeypatch.setattr(relative_bias, "_distance_chain", lambda indices: None)
+    step = cuda_step(_t5_8b_like(), 32768, sp_size=8, call="plain", ranks=[7])[0]
+    assert step.quadratic, (step.kernels(), step.problems())
+
+
 def _deepseek_v3_attention():
     from pathlib import Path
     return transformers.AutoConfig.from_pretrained(Path(__file__).parents[2] / "bench" / "configs" /

@@ -206,7 +206,7 @@ def test_pipeline_passes_run_as_their_sub_passes(tmp_path, monkeypatch):
 def test_sp_pipeline_expands_into_the_sequence_parallel_passes():
     from autosp.passes.sp_pipeline import SequenceParallelPipeline
     sub = [p.pipeline_text() for p in SequenceParallelPipeline(sp_size=4, group="g", gather_outputs=True).expand()]
-    assert sub == ["autosp-fuse-attention", "autosp-causal-mask", "autosp-causal-conv", "autosp-fuse-gqa", "autosp-dce",
+    assert sub == ["autosp-fuse-attention", "autosp-causal-mask", "autosp-relative-bias", "autosp-causal-conv", "autosp-fuse-gqa", "autosp-dce",
                    "autosp-annotate-sequence", "autosp-partition-attention{sp-size=4 group=g}",
                    "autosp-shard-sequence{group=g gather-outputs=true}", "autosp-hoist-shard", "autosp-dce"]
     assert [p.name for p in SequenceParallelPipeline(sp_size=1).expand()] == ["autosp-fuse-gqa", "autosp-dce"]
