@@ -458,7 +458,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     special = [(args.mla, mla_table, "MLA: bytes per attention layer, gathered latents against per-head all-to-alls",
-                f"DeepSeek-V3's attention shape, bf16, P={args.world}, batch 1, one simulated rank on the fake-CUDA "
+                f"DeepSeek-V3's attention shape, P={args.world}, batch 1, one simulated rank on the fake-CUDA "
                 "path (no GPU)"),
                (args.recurrences, recurrence_table, "Conv halo and recurrent state bytes per layer",
                 f"P={args.world}, batch 1"),
@@ -468,7 +468,7 @@ def main() -> None:
         if wanted:
             rows = make_table(args.world, args.seq)
             if not args.no_write:
-                append_section(title, f"S={args.seq}, fp32, {context}", "\n".join(rows))
+                append_section(title, f"S={args.seq}, {'bf16' if args.mla else 'fp32'}, {context}", "\n".join(rows))
             return
     rows = ["| model | P | all-to-all / layer fwd + bwd (Ulysses min 4 + 4) | other collectives / step | "
             "all-to-all MiB sent / layer / rank | analytical Ulysses MiB | ratio | grad buckets | "
