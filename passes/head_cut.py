@@ -57,7 +57,7 @@ from torch_mlir import ir
 from autosp.ir import builders as b
 from autosp.ir import ops
 from autosp.ir.contract import ALL_TO_ALL, LOCAL_HEADS, PARAMETER_ATTR
-from autosp.ir.core import const_int, main_func, op_name, producer
+from autosp.ir.core import const_int, const_ints, list_items, main_func, op_name, producer
 from autosp.ir.sequence import Linear, SequenceInfo
 
 _PERMUTES = ("torch.aten.permute", "torch.aten.transpose.int", "torch.aten.t")
@@ -196,7 +196,7 @@ class HeadSlicer:
             return [(t, axis) for t in tensors]
         if name == "torch.aten.cat":
             along = const_int(op.operands[1])
-            items = _list_items(op.operands[0])
+            items = list_items(op.operands[0])
             if along is None or along % rank == d or not items:
                 return None
             return [(t, axis) for t in items]
@@ -240,7 +240,7 @@ class HeadSlicer:
                 return None
             a, c = a % rank, c % rank
             return c if d == a else a if d == c else d
-        perm = _list_ints(op.operands[1])
+        perm = const_ints(op.operands[1])
         return None if perm is None else perm[d] % rank
 
     def _view_axis(self, op, axis: Axis) -> Axis | None:
@@ -293,7 +293,7 @@ class HeadSlicer:
                 done[operand] = self.build(operand, sub, before) if isinstance(sub, Axis) else \
                     self.whole(operand, before)
             if name == "torch.aten.cat":
-                items = [done[t] for t in _list_items(operands[0])]
+                items = [done[t] for t in list_items(operands[0])]
                 operands[0] = ir.Operation.create(ops.LIST_CONSTRUCT, results=[operands[0].type],
                                                   operands=items).result
             else:
@@ -308,7 +308,7 @@ class HeadSlicer:
     def _sized(self, lst, axis: Axis) -> ir.Value:
         """A copy of size list ``lst`` with ``H / P`` heads at the axis (a -1 kept: a view
         infers the heads from the smaller input, a broadcast keeps the input's heads)."""
-        items = _list_items(lst)
+        items = list_items(lst)
         if const_int(items[axis.dim]) == -1:
             return lst
         items[axis.dim] = b.constant_int(axis.heads * axis.inner // self.p)
@@ -382,22 +382,10 @@ def _rank(value) -> int:
     return 0 if shape is None else len(shape[0])
 
 
-def _list_items(value) -> list:
-    owner = producer(value)
-    return list(owner.operands) if owner is not None and op_name(owner) == ops.LIST_CONSTRUCT else []
-
-
 def _list_entry(value, i: int) -> int | None:
     """Entry ``i`` of a size list where it is a constant, else None."""
-    items = _list_items(value)
+    items = list_items(value)
     return const_int(items[i]) if i < len(items) else None
-
-
-def _list_ints(value) -> list | None:
-    """The constant ints of a list (None where one is not a constant)."""
-    items = _list_items(value)
-    ints = [const_int(x) for x in items]
-    return None if not items or None in ints else ints
 
 
 def _view(value, dims: list, dtype: str) -> ir.Value:

@@ -33,7 +33,17 @@ from autosp.passes.causal_mask import key_mask, split_key_padding
 from torch_mlir import ir
 
 from autosp.ir import builders as b
-from autosp.ir.core import body_ops, const_bool, const_float, const_int, is_none, main_func, op_name, producer
+from autosp.ir.core import (
+    body_ops,
+    const_bool,
+    const_float,
+    const_int,
+    const_ints,
+    is_none,
+    main_func,
+    op_name,
+    producer,
+)
 from autosp.ir.mask_algebra import And, BoolTensor, Const, NotProven
 from autosp.ir.mask_interp import MaskInterpreter
 from autosp.ir.ops import RELATIVE_BIAS_ATTENTION, SDPA_OP
@@ -171,7 +181,7 @@ def _embedded_bias(bias, heads: int):
     if un is None or op_name(un) != "torch.aten.unsqueeze" or const_int(un.operands[1]) != 0:
         return None, None
     perm = producer(un.operands[0])
-    if perm is None or op_name(perm) != "torch.aten.permute" or _ints(perm.operands[1]) != [2, 0, 1]:
+    if perm is None or op_name(perm) != "torch.aten.permute" or const_ints(perm.operands[1]) != [2, 0, 1]:
         return None, None
     emb = producer(perm.operands[0])
     if emb is None or op_name(emb) != "torch.aten.embedding":
@@ -181,14 +191,6 @@ def _embedded_bias(bias, heads: int):
     if tshape is None or ishape is None or len(tshape[0]) != 2 or tshape[0][1] != heads or len(ishape[0]) != 2:
         return None, None
     return table, indices
-
-
-def _ints(lst) -> list | None:
-    owner = producer(lst)
-    if owner is None or op_name(owner) != "torch.prim.ListConstruct":
-        return None
-    ints = [const_int(x) for x in owner.operands]
-    return None if None in ints else ints
 
 
 def _position(value):

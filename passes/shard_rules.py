@@ -27,7 +27,7 @@ from torch_mlir import ir
 from autosp.ir import ops
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.contract import ALL_TO_ALL, LOCAL_HEADS, RING_ATTENTION
-from autosp.ir.core import const_bool, const_float, const_int, is_none, op_name, producer
+from autosp.ir.core import const_bool, const_float, const_int, is_none, list_items, op_name, producer
 from autosp.ir.diagnostics import DiagnosticError
 from autosp.ir.sequence import Linear, SequenceInfo
 
@@ -687,14 +687,6 @@ class Rules:
 
 
 # ============================================================================ reading the IR
-def list_items(value) -> list:
-    """The items of a ``torch.prim.ListConstruct`` result (empty for anything else)."""
-    owner = producer(value)
-    if owner is None or op_name(owner) != ops.LIST_CONSTRUCT:
-        return []
-    return list(owner.operands)
-
-
 def is_tensor(value) -> bool:
     """Is ``value`` a tensor (or a list of tensors)?"""
     return "vtensor" in str(value.type)

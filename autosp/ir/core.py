@@ -18,7 +18,7 @@ from torch_mlir.dialects import torch as torch_d
 from autosp.dialect import IRDL_FILE
 from autosp.ir.builders import vtensor_shape
 from autosp.ir.diagnostics import DiagnosticError
-from autosp.ir.ops import BIND_SHAPE, CONSTANT_NONE
+from autosp.ir.ops import BIND_SHAPE, CONSTANT_NONE, LIST_CONSTRUCT
 
 _IRDL_TEXT: str | None = None
 
@@ -171,3 +171,22 @@ def is_none(value: ir.Value) -> bool:
     """Is ``value`` the result of ``torch.constant.none``?"""
     op = producer(value)
     return op is not None and op_name(op) == CONSTANT_NONE
+
+
+def list_items(value: ir.Value) -> list:
+    """The items of a ``torch.prim.ListConstruct`` result (empty for anything else)."""
+    op = producer(value)
+    return list(op.operands) if op is not None and op_name(op) == LIST_CONSTRUCT else []
+
+
+def const_ints(value: ir.Value) -> list[int] | None:
+    """The ints of a ``torch.prim.ListConstruct`` of ``torch.constant.int`` s, else None.
+
+    Example::
+
+        >>> const_ints(perm)                   # %perm = torch.prim.ListConstruct %int2, %int0, %int1
+        [2, 0, 1]
+    """
+    items = list_items(value)
+    ints = [const_int(x) for x in items]
+    return None if not items or None in ints else ints  # type: ignore[return-value]

@@ -31,20 +31,19 @@ def _scores(q, k, band, keep, fill, causal: bool, scale: float, i0: int) -> torc
     """fp32 scores of queries ``[i0, i0 + q.shape[-2])`` against every key, bias added."""
     s_len, rows = k.shape[-2], q.shape[-2]
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    pos_k = torch.arange(s_len, device=q.device)
-    pos_q = torch.arange(i0, i0 + rows, device=q.device)
-    index = pos_k[None, :] - pos_q[:, None] + (s_len - 1)  # [rows, S]: k - q + S - 1
+    index = _index(s_len, i0, rows, q.device)
     bias = band[:, index]  # [H, rows, S]
     if keep is not None:
         s = s + torch.where(keep, bias, torch.tensor(fill, dtype=bias.dtype, device=bias.device))
     else:
         s = s + bias
     if causal:
-        s = s.masked_fill(pos_k[None, :] > pos_q[:, None], float("-inf"))
+        s = s.masked_fill(index > s_len - 1, float("-inf"))  # k > q
     return s
 
 
 def _index(s_len: int, i0: int, rows: int, device) -> torch.Tensor:
+    """``[rows, S]``: ``k - q + S - 1`` for queries ``[i0, i0 + rows)``, the band's column."""
     pos_k = torch.arange(s_len, device=device)
     pos_q = torch.arange(i0, i0 + rows, device=device)
     return pos_k[None, :] - pos_q[:, None] + (s_len - 1)
