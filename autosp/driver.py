@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch_mlir import ir
 
+from autosp import compile_log
 from autosp.backend.checkpointing import checkpointed_module, has_plan
 from autosp.backend.fx_emitter import MLIR_TO_TORCH_DTYPE, emit_graph_module
 from autosp.backend.module import CompiledProgram, state_tensors
@@ -122,6 +123,7 @@ def transform(model: torch.nn.Module, args, kwargs, *, sp_size: int, seq_dim: in
     bind_group(imported.module, group_name)
     mlir["transformed"] = str(imported.module)
     timings = dict(imported.timings, pipeline_s=time.perf_counter() - t0, transform_s=time.perf_counter() - start)
+    compile_log.record(type(model).__name__, sp_size, timings)
     return Transformed(imported.module, imported.args, imported.out_spec, imported.tensor_leaves, mlir, timings)
 
 
