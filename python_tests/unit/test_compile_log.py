@@ -1,6 +1,7 @@
 """autosp.compile_log: a line per transformed model where AUTOSP_COMPILE_LOG names a file, and
 the summary of a run's compile time (what scripts/test.sh prints after pytest)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -41,8 +42,7 @@ def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv(compile_log.COMPILE_LOG_ENV, str(tmp_path / "log"))
     compile_log.record("M", 2, {"export_s": 1.0, "note": "not a number"})
-    assert json.loads((tmp_path / "log").read_text()) == {"model": "M", "sp_size": 2, "pid": __import__("os").getpid(),
-                                                           "export_s": 1.0}
+    assert json.loads((tmp_path / "log").read_text()) == {"model": "M", "sp_size": 2, "pid": os.getpid(), "export_s": 1.0}
 
 
 def test_an_unwritable_log_warns_and_the_cli_names_a_bad_line(tmp_path, monkeypatch, capsys):
