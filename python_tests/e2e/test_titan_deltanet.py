@@ -50,6 +50,7 @@ VOCAB = 2048
 GATE_PARAMETERS = ("attn.A_log", "attn.dt_bias", "attn.in_proj_a.weight", "attn.in_proj_a.bias")
 GATE_TOL = 1e-3
 SUM_TOL = 1e-4  # the decay's parameters with the exact kernel (see the test)
+SUM_NOISE = 20  # ... or this many times what summing in another order moves them by on one device
 SPECIAL = {"image_id": VOCAB - 1, "video_id": VOCAB - 2}  # (the trainer's; no images here)
 
 
@@ -154,16 +155,20 @@ def _run(model, reference, qwen, tokens, labels, positions, exact):
     grads = {n: relative_error(p.grad, q.grad) for (n, p), q in zip(model.named_parameters(), reference.parameters())
              if q.grad is not None}
     gates = {n: grads.pop(n) for n in list(grads) if n.endswith(GATE_PARAMETERS)}
-    noise = 0.0
-    if not exact:  # the same one-device model with the kernel's chunks of 16: what rounding alone moves
-        first = {n: q.grad.clone() for n, q in reference.named_parameters() if n in gates}
-        reference.zero_grad()
+    # What rounding alone moves the decay's gradients by, on one device: with the exact kernel
+    # the same model on the batch's rows in the other order (the same terms, summed in
+    # another order); with transformers' kernel, its chunks of 16 instead of 64.
+    first = {n: q.grad.clone() for n, q in reference.named_parameters() if n in gates}
+    reference.zero_grad()
+    if exact:
+        tokens, labels, positions = tokens.flip(0), labels.flip(0), positions.flip(0)
+    else:
         qwen._fla_chunk_gated_delta_rule = _cpu_kernel(False, chunk=16)
-        with flex_as_dense():
-            again = reference(tokens, positions=positions, attention_masks=reference.get_attention_masks(positions),
-                              special_tokens=SPECIAL)
-            (F.cross_entropy(again.flatten(0, 1), labels.flatten(), reduction="sum") / count).backward()
-        noise = max(relative_error(q.grad, first[n]) for n, q in reference.named_parameters() if n in gates)
+    with flex_as_dense():
+        again = reference(tokens, positions=positions, attention_masks=reference.get_attention_masks(positions),
+                          special_tokens=SPECIAL)
+        (F.cross_entropy(again.flatten(0, 1), labels.flatten(), reduction="sum") / count).backward()
+    noise = max(relative_error(q.grad, first[n]) for n, q in reference.named_parameters() if n in gates)
     transformed = model.autosp.programs[0].mlir["transformed"]
     return dict(loss=relative_error(total, ref_loss.detach()), logits=relative_error(full, logits_ref),
                 grads=max(grads.values()), gates=max(gates.values()), noise=noise, n=len(grads) + len(gates),
@@ -181,7 +186,10 @@ def test_torchtitan_qwen3_5_with_packed_documents(world, _fresh_seed):
       1e-5 but the decay's (``GATE_PARAMETERS``): ``A_log`` and ``dt_bias`` are 4 numbers
       each, summed in float32 (torchtitan computes the gate in float32) over every position
       and row with terms that cancel; the parts' order of that sum moved them by up to
-      4.1e-5 (measured over seeds; 1e-6 typically): held to ``SUM_TOL``.
+      4.1e-5 (measured over seeds; 1e-6 typically) and once 3.3e-4, where the sum cancels
+      most: held to ``SUM_TOL``, or to ``SUM_NOISE`` times what the one-device model moves
+      them by on the batch's rows in the other order (over 16 seeds the compiled error was
+      1x to 10x that, and both were 1.1e-5 where the sum cancelled most).
     - **transformers' torch ``torch_chunk_gated_delta_rule`` as the kernel:** the decay's
       parameters get their gradients through its float32 cumsum and exp of the gate within
       each chunk; the compiled model's chunks start where ranks and documents start, so
@@ -202,5 +210,5 @@ def test_torchtitan_qwen3_5_with_packed_documents(world, _fresh_seed):
             if name == "transformers kernel":
                 assert r["gates"] <= max(GATE_TOL, 4 * r["noise"]), where
                 continue
-            assert r["gates"] <= SUM_TOL, where
+            assert r["gates"] <= max(SUM_TOL, SUM_NOISE * r["noise"]), where
             assert r["stated"] == r["chained"] == 3 and r["halos"] >= 3 and r["kept"] == 0, where
