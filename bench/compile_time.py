@@ -1,6 +1,7 @@
 """Compile time of autosp.compile vs torch.compile as the model deepens (2, 8, 32 layers).
 
     python bench/compile_time.py [--layers 2 8 32] [--no-inductor]
+    python bench/compile_time.py --decompositions [--repeats 3]   # autosp's retrace vs run_decompositions
 
 autosp: export + torch-mlir import + the SP=2 pass pipeline (+ autosp-checkpoint for
 the SAC column) + FX emission, timed by ``autosp.driver.build_program`` (no process group
@@ -46,6 +47,38 @@ def autosp_seconds(layers: int, checkpointing: str) -> dict:
     return dict(total=total, **{k: v for k, v in program.timings.items() if k.endswith("_s")})
 
 
+def decomposition_rows(layers_list: list[int], repeats: int) -> list[str]:
+    """The import (decomposition + torch-mlir) of the same exported model by autosp's
+    retrace (``autosp/frontend/decompose.py``) and by torch's ``run_decompositions``
+    (``AUTOSP_DECOMPOSE=aot``), alternating in one process, the import cache bypassed:
+    the median of ``repeats`` each."""
+    import statistics
+
+    from autosp.frontend import cache
+    from autosp.frontend.decompose import DECOMPOSE_ENV
+    rows = ["| layers | import, retrace s | import, run_decompositions s | ratio | export s |", "|---|---|---|---|---|"]
+    print(rows[0], flush=True)
+    lookup = cache.lookup
+    cache.lookup = lambda key, context: None  # (every import traced)
+    try:
+        for layers in layers_list:
+            times: dict[str, list[float]] = {"retrace": [], "aot": [], "export": []}
+            for _ in range(repeats):
+                for mode in ("retrace", "aot"):
+                    os.environ[DECOMPOSE_ENV] = mode
+                    t = autosp_seconds(layers, "off")
+                    times[mode].append(t["import_s"])
+                    times["export"].append(t["export_s"])
+            fast, slow = statistics.median(times["retrace"]), statistics.median(times["aot"])
+            rows.append(f"| {layers} | {fast:.2f} | {slow:.2f} | {slow / fast:.2f}x | "
+                        f"{statistics.median(times['export']):.2f} |")
+            print(rows[-1], flush=True)
+    finally:
+        cache.lookup = lookup
+        os.environ.pop(DECOMPOSE_ENV, None)
+    return rows
+
+
 def inductor_seconds(layers: int) -> float:
     import torch._dynamo
     torch._dynamo.reset()
@@ -65,8 +98,19 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
     parser.add_argument("--no-inductor", action="store_true", help="skip the torch.compile column")
     parser.add_argument("--no-write", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument("--decompositions", action="store_true",
+                        help="only compare the import by autosp's retrace and by torch's run_decompositions")
+    parser.add_argument("--repeats", type=int, default=3, help="with --decompositions: runs of each, alternating")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.decompositions:
+        table = "\n".join(decomposition_rows(args.layers, args.repeats))
+        if not args.no_write:
+            append_section("Decomposition: autosp's retrace vs run_decompositions", "CPU, 1 thread",
+                           "Llama-like, hidden 64, S=256, SP=2; the import (decomposition, torch-mlir import and "
+                           "lowering) of one exported program, each way alternating in one process, median of "
+                           f"{args.repeats}; the import cache bypassed.\n\n{table}")
+        return
     rows = ["| layers | autosp total s | export | import | passes | emit | per layer | autosp + SAC s | "
             "torch.compile (Inductor) s | per layer |", "|---|---|---|---|---|---|---|---|---|---|"]
     print(rows[0], flush=True)

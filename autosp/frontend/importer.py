@@ -36,6 +36,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
+from autosp.frontend.decompose import decompose
 from autosp.ir import stated
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context, op_name
@@ -390,7 +391,7 @@ def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ct
     torch-mlir's backend contract (the ops of ``BACKEND_LEGAL_OPS`` kept)."""
     with warnings.catch_warnings():  # torch's own deep copy of pytree specs, not the user's code
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        program = program.run_decompositions(table)
+        program = decompose(program, table)
     writes = _writes_as_results(program)
     symbolic.install()
     symbolic.rewrite_sym_float(program.graph_module.graph)

@@ -247,15 +247,18 @@ def test_ops_torch_mlir_has_no_op_for_stay_one_opaque_op():
     assert torch.equal(out, model(x))
 
 
-def test_a_length_the_decomposition_pins_is_named_with_the_config_field():
+def test_a_length_the_decomposition_pins_is_named_with_the_config_field(monkeypatch):
     """MPT called at exactly its max_seq_len: the export keeps S symbolic, but torch's
-    decomposition retrace pins it to the constant (ALiBi's slice start max_seq_len - S is
+    ``run_decompositions`` pins it to the constant (ALiBi's slice start max_seq_len - S is
     0). The import names the config field and what to do, not the pipeline's later "no
     sequence axis ... import with a dynamic sequence length". Control: one shorter imports
-    with a symbolic S."""
+    with a symbolic S. (autosp's own retrace does not pin it: see the next test; this one
+    takes torch's path, which autosp falls back to.)"""
     transformers = pytest.importorskip("transformers")
+    from autosp.frontend.decompose import DECOMPOSE_ENV
     from autosp.frontend.importer import import_model
     from autosp.ir.diagnostics import AutospError
+    monkeypatch.setenv(DECOMPOSE_ENV, "aot")
     torch.manual_seed(0)
     cfg = transformers.MptConfig(vocab_size=64, d_model=16, n_heads=2, n_layers=1, max_seq_len=24, expansion_ratio=2,
                                  use_cache=False)
@@ -265,3 +268,93 @@ def test_a_length_the_decomposition_pins_is_named_with_the_config_field():
         import_model(model, input_ids=ids, labels=ids)
     ids = ids[:, :23]
     assert "torch.symbolic_int" in str(import_model(model, input_ids=ids, labels=ids).module)
+
+
+def _decomposed_program(model, *args, **kwargs):
+    """``import_model``'s exported program and its decomposition (:mod:`autosp.frontend.decompose`)."""
+    from autosp.frontend import importer
+    from autosp.frontend.decompose import decompose
+    seen: dict = {}
+    original = importer._decompose_and_import
+
+    def spy(program, table, ctx):
+        seen["program"], seen["table"] = program, table
+        return original(program, table, ctx)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(importer, "_decompose_and_import", spy)
+        m.setattr(importer.cache, "lookup", lambda key, context: None)  # (an import seen before: trace it again)
+        importer.import_model(model, *args, **kwargs)
+    return seen["program"], decompose(seen["program"], seen["table"])
+
+
+def test_the_retrace_keeps_mpt_symbolic_at_its_max_length_and_matches_eager():
+    """The case torch's ``run_decompositions`` pins (the test above): autosp's one retrace
+    under the export's fake mode keeps S symbolic, and the decomposed program, traced at
+    S = max_seq_len, computes eager's loss and logits at that length and two shorter ones.
+    Control: the program fed another model's weights differs."""
+    transformers = pytest.importorskip("transformers")
+    from autosp.frontend.decompose import DECOMPOSED_BY
+    from autosp.frontend.importer import model_state
+    cfg = transformers.MptConfig(vocab_size=64, d_model=16, n_heads=2, n_layers=1, max_seq_len=24, expansion_ratio=2,
+                                 use_cache=False)
+    model = transformers.MptForCausalLM(cfg)
+    ids = torch.randint(0, 64, (1, 24))
+    _, decomposed = _decomposed_program(model, input_ids=ids, labels=ids)
+    assert decomposed.graph_module.meta[DECOMPOSED_BY] == "retrace"
+    assert [str(r) for r in decomposed.range_constraints.values()] == ["VR[2, int_oo]"]
+    state = model_state(model)[2]
+    other = model_state(transformers.MptForCausalLM(cfg))[2]
+    for seq in (24, 23, 9):
+        x = torch.randint(0, 64, (1, seq))
+        loss, logits = decomposed.graph_module(*state, x, x)
+        expected = model(input_ids=x, labels=x)
+        assert torch.allclose(loss, expected.loss, atol=1e-6) and torch.allclose(logits, expected.logits, atol=1e-6)
+        control, _ = decomposed.graph_module(*other, x, x)
+        assert not torch.allclose(control, expected.loss, atol=1e-3)
+
+
+def test_the_retrace_reads_sizes_from_the_inputs_and_matches_run_decompositions():
+    """A tiny Llama: the retrace keeps SDPA whole, reads every size from the first input
+    that has it (no size read off a computed tensor, no alias left), has the same ops as
+    ``run_decompositions`` but for size arithmetic, and computes the same loss and
+    logits at two lengths. Controls: a retrace that raises, or whose graph writes to a
+    tensor, gives way to ``run_decompositions``."""
+    import collections
+
+    from autosp.frontend import decompose as dec
+    from autosp.frontend.importer import decomposition_table, model_state
+    model = LlamaLike(LlamaConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2))
+    ids = torch.randint(0, 64, (2, 16))
+    program, fast = _decomposed_program(model, ids, labels=ids)
+    assert fast.graph_module.meta[dec.DECOMPOSED_BY] == "retrace"
+    slow = program.run_decompositions(decomposition_table())
+
+    def ops(p):
+        sizes = ("add", "mul", "sub", "floordiv", "mod", "sym_size")
+        return collections.Counter(str(n.target) for n in p.graph.nodes
+                                   if n.op == "call_function" and not any(w in str(n.target) for w in sizes))
+    assert ops(fast) == ops(slow)
+    sizes = [n for n in fast.graph.nodes if n.op == "call_function" and n.target in dec._SIZE_QUERIES]
+    assert len(sizes) == 1 and sizes[0].args[0].op == "placeholder", [n.format_node() for n in sizes]
+    assert "aten.alias" not in str(fast.graph) and "scaled_dot_product_attention" in str(fast.graph)
+    state = model_state(model)[2]
+    for seq in (16, 11):
+        x = torch.randint(0, 64, (2, seq))
+        got, want = fast.graph_module(*state, x, x), slow.graph_module(*state, x, x)
+        assert len(got) == len(want) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
+
+    # Controls: a retrace that fails, or that writes to a tensor, gives way to torch's path.
+    def failing(program, table):
+        raise RuntimeError("untraceable")
+
+    def writing(program, table):
+        out = dec._retrace(program, table)
+        node = next(n for n in out.graph.nodes if n.target is torch.ops.aten.mm.default)
+        node.target = torch.ops.aten.add_.Tensor
+        return out
+    for retrace in (failing, writing):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(dec, "_retrace", retrace)
+            again = dec.decompose(program, decomposition_table())
+        assert again.graph_module.meta[dec.DECOMPOSED_BY] == "run_decompositions", retrace.__name__
+        assert ops(again) == ops(slow)
