@@ -73,6 +73,10 @@ def summarize(records: list[dict], top: int = 10) -> str:
         f"  export {total['export_s']:.1f}s; import {total['import_s']:.1f}s ({len(misses)} traced and imported: "
         f"{miss_s:.1f}s; {len(records) - len(misses)} from the import cache); passes {total['pipeline_s']:.1f}s",
     ]
+    fallbacks = sum(1 for r in misses if r.get("import_fallback"))
+    if fallbacks:  # (autosp/frontend/decompose.py)
+        lines.append(f"  {fallbacks} of the traced imports decomposed by torch's run_decompositions, "
+                     f"{len(misses) - fallbacks} by autosp's retrace")
     by_model: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
     for r in records:
         row = by_model[str(r.get("model", "?"))]

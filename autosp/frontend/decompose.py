@@ -1,21 +1,21 @@
 """Decomposition: an exported program -> the same program in the ops the importer takes.
 
 ``ExportedProgram.run_decompositions`` retraces the whole program through AOTAutograd:
-a metadata pass and a graph pass, each with functionalization's wrapper tensors, under
-the export's symbolic shapes. On the suite's models that is about 60 % of a compile
-(1.65 s against 0.7 s of export for a tiny 2-layer Llama). A program torch.export gave
-is already functional, so when nothing in it writes to a tensor one retrace is enough:
-:func:`decompose` runs the program's graph through ``make_fx`` under the export's own
-fake mode (the same ShapeEnv, so the same symbols), with the same table and the same
-composite ops kept whole as ``run_decompositions``, and keeps each node's metadata
-(source lines become MLIR locations). It takes about 0.7 s for that Llama's import.
+a metadata pass and a graph pass, each through functionalization's wrapper tensors,
+under the export's symbolic shapes. On the suite's models that was about 60 % of a
+compile. When the program writes to no tensor, one retrace is enough: :func:`decompose`
+runs the program's graph through ``make_fx`` under the export's own fake mode (the same
+ShapeEnv, so the same symbols), with the same table and the same composite ops kept
+whole as ``run_decompositions``, keeping each node's metadata (source lines become MLIR
+locations). ``python bench/compile_time.py --decompositions`` compares the two.
 
-It falls back to ``run_decompositions`` (with ``why_not`` saying why) when a graph,
-before or after, has an op whose schema writes (``bernoulli_`` in a dropout, a model's
-in-place update): functionalization is what makes those values again, and this path
-has none. It also falls back when the retrace raises: torch's own path then decides,
-and explains, what cannot be decomposed. An alias (a view of the whole tensor) is its input in a graph nothing
-writes, so aliases are dropped as functionalization drops them.
+It falls back to ``run_decompositions`` where functionalization is needed: a program
+torch.export gave with an in-place op on a value it computes (``w /= w.sum(-1)`` in
+Mixtral's router), or a decomposed graph that writes; and where the retrace raises, so
+that torch's own path decides, and explains, what cannot be decomposed. The result's
+``graph_module.meta[DECOMPOSED_BY]`` says which path ran, and why. In a graph nothing
+writes, an alias (a view of the whole tensor) is its input: aliases are dropped, as
+functionalization drops them. Sizes are read from the inputs (:func:`_sizes_from_symbols`).
 
 Example::
 
@@ -34,7 +34,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
 # AUTOSP_DECOMPOSE=aot: always decompose with run_decompositions (to compare, or to rule this path out).
 DECOMPOSE_ENV = "AUTOSP_DECOMPOSE"
-DECOMPOSED_BY = "autosp_decomposed_by"  # in the result's graph_module.meta: "retrace" or "run_decompositions"
+DECOMPOSED_BY = "autosp_decomposed_by"  # in the result's graph_module.meta: "retrace", or "run_decompositions: why"
 
 
 def writes(graph: torch.fx.Graph) -> str | None:
@@ -53,22 +53,26 @@ def why_not(program: torch.export.ExportedProgram) -> str | None:
     if os.environ.get(DECOMPOSE_ENV) == "aot":
         return f"{DECOMPOSE_ENV}=aot"
     op = writes(program.graph)
-    return f"the program writes to a tensor ({op})" if op else None
+    return f"the program writes to a tensor it computes ({op})" if op else None
 
 
 def decompose(program: torch.export.ExportedProgram, table: dict) -> torch.export.ExportedProgram:
     """``program.run_decompositions(table)``, by one retrace when the program writes to no
     tensor (see the module's docstring)."""
-    if why_not(program) is None:
+    why = why_not(program)
+    if why is None:
         try:
             decomposed = _retrace(program, table)
-        except Exception:  # noqa: BLE001 # torch's own path decides (and explains) what this one cannot trace
-            decomposed = None
-        if decomposed is not None and writes(decomposed.graph) is None:
-            decomposed.graph_module.meta[DECOMPOSED_BY] = "retrace"
-            return decomposed
+        except Exception as e:  # noqa: BLE001 # torch's own path decides (and explains) what this one cannot trace
+            why = f"the retrace raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
+            op = writes(decomposed.graph)
+            if op is None:
+                decomposed.graph_module.meta[DECOMPOSED_BY] = "retrace"
+                return decomposed
+            why = f"the decomposed program writes to a tensor ({op})"
     decomposed = program.run_decompositions(table)
-    decomposed.graph_module.meta[DECOMPOSED_BY] = "run_decompositions"
+    decomposed.graph_module.meta[DECOMPOSED_BY] = f"run_decompositions: {why}"
     return decomposed
 
 

@@ -36,7 +36,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
-from autosp.frontend.decompose import decompose
+from autosp.frontend.decompose import DECOMPOSED_BY, decompose
 from autosp.ir import stated
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context, op_name
@@ -306,7 +306,7 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
     timings["import_cached"] = float(hit is not None)
     if hit is None:
         with autocast_off():
-            module = _import_or_explain(program, table, context or make_context())
+            module = _import_or_explain(program, table, context or make_context(), timings)
         if any(d is not None for d in input_seq_dims):
             _check_sequence_kept(module, seq_len, model)
         cache.store(key, module)
@@ -323,7 +323,8 @@ def import_model(model: torch.nn.Module, *args, seq_dim: int | None = 1, context
                          seq_len=seq_len, timings=timings)
 
 
-def _import_or_explain(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
+def _import_or_explain(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context,
+                       timings: dict | None = None) -> ir.Operation:
     """:func:`_decompose_and_import`, with a failure turned into one :class:`AutospError`:
     the op torch-mlir could not import or lower, where the model computes it (the source
     line its location names), the original message, and what to do. The whole trace goes
@@ -335,7 +336,7 @@ def _import_or_explain(program: torch.export.ExportedProgram, table: dict, ctx: 
         return True  # handled: not also printed to stderr
     handler = ctx.attach_diagnostic_handler(collect)
     try:
-        return _decompose_and_import(program, table, ctx)
+        return _decompose_and_import(program, table, ctx, timings)
     except Exception as e:  # the importer and the pipeline raise several types
         raise frontend_error(e, diagnostics) from None
     finally:
@@ -386,12 +387,17 @@ def frontend_error(e: Exception, diagnostics: list[str]) -> AutospError:
                        f"what to do: {hint}\n(the whole message and trace: {path})")
 
 
-def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context) -> ir.Operation:
-    """Decompose ``program`` with ``table``, import it into ``ctx`` and lower it to
-    torch-mlir's backend contract (the ops of ``BACKEND_LEGAL_OPS`` kept)."""
+def _decompose_and_import(program: torch.export.ExportedProgram, table: dict, ctx: ir.Context,
+                          timings: dict | None = None) -> ir.Operation:
+    """Decompose ``program`` with ``table`` (:func:`autosp.frontend.decompose.decompose`),
+    import it into ``ctx`` and lower it to torch-mlir's backend contract (the ops of
+    ``BACKEND_LEGAL_OPS`` kept). ``timings["import_fallback"]``: 1.0 where the
+    decomposition took torch's ``run_decompositions``."""
     with warnings.catch_warnings():  # torch's own deep copy of pytree specs, not the user's code
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         program = decompose(program, table)
+    if timings is not None:
+        timings["import_fallback"] = float(program.graph_module.meta[DECOMPOSED_BY] != "retrace")
     writes = _writes_as_results(program)
     symbolic.install()
     symbolic.rewrite_sym_float(program.graph_module.graph)

@@ -33,6 +33,10 @@ def test_each_transform_appends_its_phases_and_the_summary_adds_them_up(tmp_path
     assert text.startswith(f"compile log: 2 compilations in 1 processes, {total:.1f}s in all"), text
     assert f"({traced} traced and imported:" in text and f"{2 - traced} from the import cache" in text, text
     assert text.splitlines()[-1].split()[1:4] == ["2", "compilations", f"({traced}"], text
+    assert all(r.get("import_fallback", 0.0) == 0.0 for r in records), records  # autosp's retrace decomposed it
+    fell_back = [dict(r, import_cached=0.0, import_fallback=float(i == 0)) for i, r in enumerate(records)]
+    assert "1 of the traced imports decomposed by torch's run_decompositions, 1 by autosp's retrace" in \
+        compile_log.summarize(fell_back)
 
 
 def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch):
