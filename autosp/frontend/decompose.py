@@ -25,27 +25,30 @@ from __future__ import annotations
 
 import operator
 import os
+from collections.abc import Iterator
 
 import sympy
 import torch
 import torch.fx
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec, SymIntArgument, TensorArgument
-from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
 # AUTOSP_DECOMPOSE=aot: always decompose with run_decompositions (to compare, or to rule this path out).
 DECOMPOSE_ENV = "AUTOSP_DECOMPOSE"
 DECOMPOSED_BY = "autosp_decomposed_by"  # in the result's graph_module.meta: "retrace", or "run_decompositions: why"
 
 
+def writing_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
+    """The calls of ``graph`` to an op whose schema writes to an argument."""
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            yield node
+
+
 def writes(graph: torch.fx.Graph) -> str | None:
     """The first op of ``graph`` whose schema writes to an argument, else None."""
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return str(node.target)
-    return None
+    node = next(writing_nodes(graph), None)
+    return None if node is None else str(node.target)
 
 
 def why_not(program: torch.export.ExportedProgram) -> str | None:
@@ -164,6 +167,7 @@ def _sizes_from_symbols(graph: torch.fx.Graph) -> None:
             for d, size in enumerate(value.shape):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     symbols.setdefault(size.node.expr, (p, d))
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod  # (private: a torch without it falls back)
     made: dict = {}  # sympy symbol -> its sym_size node
 
     def symbol(expr):

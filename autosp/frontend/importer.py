@@ -36,7 +36,7 @@ from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
 from autosp.frontend import cache, flex, symbolic
-from autosp.frontend.decompose import DECOMPOSED_BY, decompose
+from autosp.frontend.decompose import DECOMPOSED_BY, decompose, writing_nodes
 from autosp.ir import stated
 from autosp.ir.contract import ARG_ATTRS, BUFFER_WRITES_ATTR, SEQ_DIM_ATTR, ArgKind
 from autosp.ir.core import as_operation, main_func, make_context, op_name
@@ -641,11 +641,8 @@ def _check_no_input_mutation(program, names, kinds) -> None:
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
     what = {node: (names[i] if i < len(names) else f"input {i - len(names)}", kinds[i] if i < len(kinds) else "input")
             for i, node in enumerate(placeholders)}
-    for node in program.graph.nodes:  # (exported under no_grad: the user's no_grad regions are inline)
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None or not schema.is_mutable:
-            continue
-        for arg_schema, arg in zip(schema.arguments, node.args):
+    for node in writing_nodes(program.graph):  # (exported under no_grad: the user's no_grad regions are inline)
+        for arg_schema, arg in zip(node.target._schema.arguments, node.args):
             if arg_schema.alias_info is not None and arg_schema.alias_info.is_write and arg in what and \
                     what[arg][1] != "buffer":
                 raise AutospError(
